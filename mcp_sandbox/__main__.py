@@ -1,0 +1,3 @@
+from mcp_sandbox.cli import main
+
+main()

@@ -1,0 +1,2 @@
+"""Sandbox backends behind one `Executor` interface."""
+

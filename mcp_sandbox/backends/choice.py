@@ -1,0 +1,22 @@
+"""Choosing the backend the settings ask for."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio.abc
+
+from mcp_sandbox.backends.base import Backend, SandboxStartError
+from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno
+from mcp_sandbox.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def create_backend(settings: Settings, task_group: anyio.abc.TaskGroup) -> Backend:
+    """The backend the settings ask for; `auto` means pyodide."""
+    deno = find_deno(settings)
+    if deno is None:
+        where = f"at {settings.deno_path}" if settings.deno_path else "(is the `deno` package installed?)"
+        raise SandboxStartError(f"the pyodide backend needs Deno, and none was found {where}")
+    return PyodideBackend(settings, task_group, deno)

@@ -1,0 +1,222 @@
+"""Runs inside the sandbox: executes one program and describes its outcome.
+
+This file is the guest side of every backend. Pyodide receives its source at start-up,
+the CPython worker imports it, and the in-process executor calls it directly, so the
+rules for final expressions, top-level ``await``, output capping and tracebacks are the
+same everywhere. Standard library only: it must load inside Pyodide with nothing else.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import io
+import json
+import linecache
+import sys
+import traceback
+from types import CodeType, TracebackType
+from typing import Any, Coroutine
+
+CELL_PREFIX = "<cell-"
+TRUNCATION_MARKER = "\n... [{cut:,} characters truncated] ...\n"
+
+
+class CappedText(io.TextIOBase):
+    """A text stream that keeps the head and the tail, so a flood never fills memory.
+
+    Keeps ``limit`` characters at most: the first half and the last half of everything
+    written, and counts what falls between them.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._head_limit = limit - limit // 2
+        self._tail_limit = limit // 2
+        self._head: list[str] = []
+        self._head_len = 0
+        self._tail: list[str] = []
+        self._tail_len = 0
+        self.total = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        length = len(text)
+        self.total += length
+        room = self._head_limit - self._head_len
+        if room > 0:
+            self._head.append(text[:room])
+            self._head_len += min(room, length)
+            text = text[room:]
+        if text and self._tail_limit:
+            self._tail.append(text[-self._tail_limit :])
+            self._tail_len += min(len(text), self._tail_limit)
+            if self._tail_len > 2 * self._tail_limit:
+                # Compact rarely, so many small writes stay cheap.
+                joined = "".join(self._tail)[-self._tail_limit :]
+                self._tail = [joined]
+                self._tail_len = len(joined)
+        return length
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self._head_limit + self._tail_limit
+
+    def getvalue(self) -> str:
+        head = "".join(self._head)
+        if not self.truncated:
+            return head + "".join(self._tail)
+        tail = "".join(self._tail)[-self._tail_limit :] if self._tail_limit else ""
+        cut = self.total - len(head) - len(tail)
+        return head + TRUNCATION_MARKER.format(cut=cut) + tail
+
+
+def cap_text(text: str, limit: int) -> tuple[str, bool]:
+    """Cap an already-built string the same way CappedText caps a stream."""
+    stream = CappedText(limit)
+    stream.write(text)
+    return stream.getvalue(), stream.truncated
+
+
+class Program:
+    """One submitted program, compiled as a REPL cell: the last expression is its value."""
+
+    def __init__(self, code: str, cell: int) -> None:
+        self.filename = f"{CELL_PREFIX}{cell}>"
+        # Registered so tracebacks can quote the user's lines, as they can for a file.
+        linecache.cache[self.filename] = (len(code), None, code.splitlines(True), self.filename)
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        tree = ast.parse(code, self.filename, "exec")
+        last_expr: ast.Expression | None = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last_expr = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
+        self.body: CodeType = compile(tree, self.filename, "exec", flags=flags)
+        self.last: CodeType | None = (
+            compile(last_expr, self.filename, "eval", flags=flags) if last_expr is not None else None
+        )
+        self.is_async = any(
+            code is not None and code.co_flags & inspect.CO_COROUTINE for code in (self.body, self.last)
+        )
+
+    def run(self, namespace: dict[str, Any]) -> Any:
+        exec(self.body, namespace)
+        return eval(self.last, namespace) if self.last is not None else None
+
+    async def run_async(self, namespace: dict[str, Any]) -> Any:
+        pending = eval(self.body, namespace)
+        if inspect.iscoroutine(pending):
+            await pending
+        if self.last is None:
+            return None
+        value = eval(self.last, namespace)
+        return await value if self.last.co_flags & inspect.CO_COROUTINE else value
+
+
+def _user_traceback(error: BaseException) -> str:
+    """The traceback from the first frame of user code on: runner frames say nothing useful."""
+    tb: TracebackType | None = error.__traceback__
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(CELL_PREFIX):
+        tb = tb.tb_next
+    if isinstance(error, SyntaxError) or tb is None:
+        return "".join(traceback.format_exception_only(type(error), error))
+    return "".join(traceback.format_exception(type(error), error, tb))
+
+
+class Session:
+    """The interpreter state of one sandbox session: its globals and its cell counter."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        self.cells = 0
+
+    def run(self, code: str, max_output_chars: int) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
+        """Run ``code``; returns the outcome, or a coroutine for it when the code awaits."""
+        self.cells += 1
+        stdout, stderr = CappedText(max_output_chars), CappedText(max_output_chars)
+        try:
+            program = Program(code, self.cells)
+        except BaseException as error:  # noqa: BLE001 - a SyntaxError is the caller's outcome
+            return _outcome(stdout, stderr, max_output_chars, error=error)
+        if program.is_async:
+            return self._run_async(program, stdout, stderr, max_output_chars)
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = stdout, stderr
+        try:
+            value = program.run(self.namespace)
+        except BaseException as error:  # noqa: BLE001 - every failure is reported, not raised
+            return _outcome(stdout, stderr, max_output_chars, error=error)
+        finally:
+            sys.stdout, sys.stderr = saved
+        return _outcome(stdout, stderr, max_output_chars, value=value)
+
+    async def _run_async(
+        self, program: Program, stdout: CappedText, stderr: CappedText, max_output_chars: int
+    ) -> dict[str, Any]:
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = stdout, stderr
+        try:
+            value = await program.run_async(self.namespace)
+        except BaseException as error:  # noqa: BLE001 - every failure is reported, not raised
+            return _outcome(stdout, stderr, max_output_chars, error=error)
+        finally:
+            sys.stdout, sys.stderr = saved
+        return _outcome(stdout, stderr, max_output_chars, value=value)
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except BaseException as error:  # noqa: BLE001 - a broken __repr__ must not lose the run
+        return f"<repr() failed: {type(error).__name__}: {error}>"
+
+
+def _outcome(
+    stdout: CappedText,
+    stderr: CappedText,
+    max_output_chars: int,
+    *,
+    value: Any = None,
+    error: BaseException | None = None,
+) -> dict[str, Any]:
+    """The guest's half of the result: what only the sandbox can know."""
+    result: str | None = None
+    truncated = stdout.truncated or stderr.truncated
+    error_type: str | None = None
+    message: str | None = None
+    if isinstance(error, SystemExit) and error.code in (None, 0):
+        error = None  # sys.exit(0) is how a script says it succeeded.
+    if error is not None:
+        error_type = type(error).__name__
+        message, cut = cap_text(_user_traceback(error), max_output_chars)
+        truncated = truncated or cut
+    elif value is not None:
+        result, cut = cap_text(_safe_repr(value), max_output_chars)
+        truncated = truncated or cut
+    return {
+        "success": error is None,
+        "stdout": stdout.getvalue(),
+        "stderr": stderr.getvalue(),
+        "result": result,
+        "error_type": error_type,
+        "error": message,
+        "truncated": truncated,
+    }
+
+
+_session = Session()
+
+
+def run_program_json(code: str, max_output_chars: int) -> str | Coroutine[Any, Any, str]:
+    """Entry point for runners that speak JSON (the Pyodide worker)."""
+    outcome = _session.run(code, max_output_chars)
+    if isinstance(outcome, dict):
+        return json.dumps(outcome)
+    return _dump_when_done(outcome)
+
+
+async def _dump_when_done(pending: Coroutine[Any, Any, dict[str, Any]]) -> str:
+    return json.dumps(await pending)

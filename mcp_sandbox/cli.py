@@ -1,0 +1,90 @@
+"""Command line: `mcp-sandbox` (stdio server) and `mcp-sandbox serve ...`."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+from typing import Any, Literal
+
+import anyio
+from pydantic import ValidationError
+
+from mcp_sandbox import __version__
+from mcp_sandbox.backends.base import SandboxStartError
+from mcp_sandbox.server import App, build_server
+from mcp_sandbox.settings import Settings
+
+logger = logging.getLogger("mcp_sandbox")
+
+Transport = Literal["stdio", "sse", "http"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mcp-sandbox",
+        description="An MCP server that runs Python in a sandbox. With no command, serves MCP over stdio.",
+    )
+    parser.add_argument("--version", action="version", version=f"mcp-sandbox {__version__}")
+    commands = parser.add_subparsers(dest="command")
+    serve = commands.add_parser("serve", help="run the MCP server", description="Run the MCP server.")
+    serve.add_argument("--transport", choices=["stdio", "sse", "http"], default="stdio")
+    serve.add_argument("--host", default="127.0.0.1", help="address for sse/http (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port for sse/http (default 8000)")
+    serve.add_argument("--backend", choices=["auto", "pyodide"], help="overrides MCP_SANDBOX_BACKEND")
+    serve.add_argument("--pool-size", type=int, help="overrides MCP_SANDBOX_POOL_SIZE")
+    serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides MCP_SANDBOX_LOG_LEVEL")
+    return parser
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def serve(settings: Settings, transport: Transport, host: str, port: int) -> None:
+    async with App(settings) as app:
+        server = build_server(app)
+        if transport == "stdio":
+            await server.run_stdio_async()
+        elif transport == "sse":
+            logger.info("serving MCP over SSE at http://%s:%d/sse", host, port)
+            await server.run_sse_async(host=host, port=port)
+        else:
+            logger.info("serving MCP over streamable HTTP at http://%s:%d/mcp", host, port)
+            await server.run_streamable_http_async(host=host, port=port)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    overrides: dict[str, Any] = {
+        name: value
+        for name in ("backend", "pool_size", "log_level")
+        if (value := getattr(args, name, None)) is not None
+    }
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        sys.exit(f"mcp-sandbox: invalid setting: {problems}")
+    logging.basicConfig(
+        level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    transport: Transport = getattr(args, "transport", "stdio")
+    host: str = getattr(args, "host", "127.0.0.1")
+    port: int = getattr(args, "port", 8000)
+    if transport != "stdio" and not _is_loopback(host):
+        logger.warning(
+            "listening on %s: anyone who can reach this address can run code in the sandbox", host
+        )
+    try:
+        anyio.run(serve, settings, transport, host, port)
+    except SandboxStartError as error:
+        sys.exit(f"mcp-sandbox: {error}")
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,137 @@
+"""Sandboxes started before they are needed, so no call waits for a cold start."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+
+from mcp_sandbox.backends.base import Executor, SandboxStartError
+
+logger = logging.getLogger(__name__)
+
+#: Seconds to wait before retrying after a failed start, doubling up to the cap.
+RETRY_DELAY, RETRY_DELAY_CAP = 0.5, 30.0
+
+
+class PoolUnavailable(Exception):
+    """No sandbox could be had: the wait ran out, or sandboxes fail to start."""
+
+
+@dataclass(eq=False)
+class _Waiter:
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    executor: Executor | None = None
+    error: str | None = None
+
+
+class WarmPool:
+    """Keeps `size` started executors ready; hands them out first come, first served.
+
+    When more callers wait than there are ready sandboxes, more are started (at most
+    `max_starting` at once, since each start is CPU-bound), and each new one goes to the
+    longest waiter. A caller waits at most `acquire_timeout` seconds.
+    """
+
+    def __init__(
+        self,
+        start: Callable[[], Awaitable[Executor]],
+        *,
+        size: int,
+        task_group: anyio.abc.TaskGroup,
+        acquire_timeout: float,
+        max_starting: int = 2,
+    ) -> None:
+        self._start = start
+        self._size = size
+        self._task_group = task_group
+        self._acquire_timeout = acquire_timeout
+        self._ready: deque[Executor] = deque()
+        self._waiters: deque[_Waiter] = deque()
+        self._starting = 0
+        self._start_slots = anyio.Semaphore(max_starting)
+        self._failures = 0
+        self._last_error: str | None = None
+        self._closed = False
+
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready)
+
+    def fill(self) -> None:
+        """Start as many sandboxes as it takes to have `size` ready plus one per waiter."""
+        if self._closed:
+            return
+        wanted = self._size + len(self._waiters) - len(self._ready) - self._starting
+        for _ in range(max(0, wanted)):
+            self._starting += 1
+            self._task_group.start_soon(self._start_one)
+
+    async def acquire(self) -> Executor:
+        """A ready executor, now or as soon as one starts. Raises PoolUnavailable."""
+        if self._closed:
+            raise PoolUnavailable("the server is shutting down")
+        while self._ready:
+            executor = self._ready.popleft()
+            if executor.alive:
+                self.fill()
+                return executor
+            await executor.close()
+        waiter = _Waiter()
+        self._waiters.append(waiter)
+        self.fill()
+        try:
+            with anyio.move_on_after(self._acquire_timeout):
+                await waiter.ready.wait()
+        finally:
+            if not waiter.ready.is_set():
+                self._waiters.remove(waiter)
+        if waiter.executor is not None:
+            return waiter.executor
+        raise PoolUnavailable(
+            waiter.error
+            or f"no sandbox became free within {self._acquire_timeout:g} s; the server is at capacity"
+        )
+
+    async def _start_one(self) -> None:
+        try:
+            async with self._start_slots:
+                if self._failures:
+                    await anyio.sleep(min(RETRY_DELAY * 2 ** (self._failures - 1), RETRY_DELAY_CAP))
+                executor = await self._start()
+        except SandboxStartError as error:
+            self._starting -= 1
+            self._failures += 1
+            self._last_error = str(error)
+            logger.error("could not start a sandbox: %s", error)
+            # Tell one waiter now rather than let it wait out its timeout for a start that fails.
+            if self._waiters:
+                waiter = self._waiters.popleft()
+                waiter.error = f"could not start a sandbox: {error}"
+                waiter.ready.set()
+            self.fill()
+            return
+        self._starting -= 1
+        self._failures = 0
+        if self._closed:
+            await executor.close()
+            return
+        if self._waiters:
+            waiter = self._waiters.popleft()
+            waiter.executor = executor
+            waiter.ready.set()
+        else:
+            self._ready.append(executor)
+
+    async def close(self) -> None:
+        self._closed = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            waiter.error = "the server is shutting down"
+            waiter.ready.set()
+        while self._ready:
+            await self._ready.popleft().close()

@@ -1,0 +1,155 @@
+"""The MCP server: the `App` that owns every sandbox, and the tools it exposes."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Annotated
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, Field
+
+from mcp_sandbox import __version__
+from mcp_sandbox.backends.choice import create_backend
+from mcp_sandbox.backends.base import Backend
+from mcp_sandbox.pool import PoolUnavailable, WarmPool
+from mcp_sandbox.result import ExecutionResult
+from mcp_sandbox.sessions import SessionLimitReached, SessionPool
+from mcp_sandbox.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+
+class App:
+    """Everything that lives as long as the server: the backend, the warm pool, the sessions.
+
+    Kept apart from the MCP transport so that one App serves every client of an HTTP server
+    (the SDK starts its lifespan per connection) and so the Python API can use it without MCP.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._stack = AsyncExitStack()
+        self._backend: Backend | None = None
+        self._pool: WarmPool | None = None
+        self._sessions: SessionPool | None = None
+
+    @property
+    def backend(self) -> Backend:
+        assert self._backend is not None, "App is not started"
+        return self._backend
+
+    @property
+    def sessions(self) -> SessionPool:
+        assert self._sessions is not None, "App is not started"
+        return self._sessions
+
+    async def __aenter__(self) -> App:
+        task_group = await self._stack.enter_async_context(anyio.create_task_group())
+        self._stack.push_async_callback(self._stop, task_group)
+        try:
+            self._backend = create_backend(self.settings, task_group)
+            await self._backend.prepare()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        self._pool = WarmPool(
+            self._backend.start,
+            size=self.settings.pool_size,
+            task_group=task_group,
+            acquire_timeout=self.settings.acquire_timeout,
+        )
+        self._pool.fill()
+        self._sessions = SessionPool(self._pool, self.settings, self._backend.name)
+        task_group.start_soon(self._sessions.expire_idle)
+        logger.info("mcp-sandbox %s: %s backend, %d warm sandboxes", __version__, self._backend.name, self.settings.pool_size)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._stack.aclose()
+
+    async def _stop(self, task_group: anyio.abc.TaskGroup) -> None:
+        with anyio.CancelScope(shield=True):
+            if self._sessions is not None:
+                await self._sessions.close()
+            if self._pool is not None:
+                await self._pool.close()
+        task_group.cancel_scope.cancel()
+
+
+class ResetResult(BaseModel):
+    session_id: str
+    existed: bool = Field(description="False when there was no such session (nothing to reset).")
+
+
+def describe_execute_python(app: App) -> str:
+    s = app.settings
+    return (
+        "Run Python code in a sandbox and return its stdout, stderr and the repr() of its last "
+        "expression (like a REPL). Top-level `await` works. "
+        f"{app.backend.describe()} "
+        "Without session_id every call starts from a clean interpreter; pass the same session_id "
+        "(any name you choose) to keep variables, imports and functions between calls. "
+        f"Sessions expire after {s.session_ttl:g} s idle; reset_session clears one. "
+        f"A call times out after {s.timeout:g} s unless `timeout` says otherwise (at most "
+        f"{s.max_timeout:g} s). stdout and stderr are capped at {s.max_output_chars} characters each, "
+        "keeping the beginning and the end."
+    )
+
+
+def build_server(app: App) -> MCPServer:
+    """An MCP server whose tools run code through `app`."""
+    settings = app.settings
+    server: MCPServer = MCPServer(
+        "mcp-sandbox",
+        version=__version__,
+        instructions="Use execute_python to run Python code; use a session_id to keep state between calls.",
+    )
+
+    async def execute_python(
+        code: Annotated[str, Field(description="The Python program to run.")],
+        timeout: Annotated[
+            float | None, Field(gt=0, description="Seconds the program may run (clamped to the server's maximum).")
+        ] = None,
+        session_id: Annotated[
+            str | None,
+            Field(
+                pattern=SESSION_ID_PATTERN,
+                description="Run in this named session to keep state between calls; omit for a clean run.",
+            ),
+        ] = None,
+    ) -> ExecutionResult:
+        if len(code) > settings.max_code_chars:
+            raise ToolError(
+                f"code is {len(code):,} characters long; the limit is {settings.max_code_chars:,} "
+                "(MCP_SANDBOX_MAX_CODE_CHARS)"
+            )
+        try:
+            return await app.sessions.run(code, timeout=settings.clamp_timeout(timeout), session_id=session_id)
+        except (PoolUnavailable, SessionLimitReached) as error:
+            raise ToolError(str(error)) from None
+
+    async def reset_session(
+        session_id: Annotated[str, Field(pattern=SESSION_ID_PATTERN, description="The session to clear.")],
+    ) -> ResetResult:
+        """Clear a session: its variables are dropped and its sandbox is stopped."""
+        return ResetResult(session_id=session_id, existed=await app.sessions.reset(session_id))
+
+    server.add_tool(
+        execute_python,
+        description=describe_execute_python(app),
+        annotations=ToolAnnotations(title="Run Python", readOnlyHint=False, openWorldHint=False),
+    )
+    server.add_tool(
+        reset_session,
+        annotations=ToolAnnotations(title="Reset a session", destructiveHint=True, idempotentHint=True),
+    )
+    return server

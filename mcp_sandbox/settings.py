@@ -1,0 +1,50 @@
+"""Every setting, read from `MCP_SANDBOX_*` environment variables, a `.env` file, or CLI flags."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BackendName = Literal["auto", "pyodide"]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "mcp-sandbox"
+
+
+class Settings(BaseSettings):
+    """Server settings. Each field is `MCP_SANDBOX_<NAME>` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="MCP_SANDBOX_", env_file=".env", extra="ignore")
+
+    backend: BackendName = Field("auto", description="Which sandbox runs code: auto picks pyodide.")
+    timeout: float = Field(30.0, gt=0, description="Default seconds a call may run.")
+    max_timeout: float = Field(300.0, gt=0, description="Upper bound for a caller's `timeout`.")
+    interrupt_grace: float = Field(
+        2.0, gt=0, description="Seconds an interrupted program gets to stop before its sandbox is killed."
+    )
+    max_output_chars: int = Field(
+        32_768, ge=256, description="Cap on stdout, stderr, result and error, each (head and tail kept)."
+    )
+    max_code_chars: int = Field(200_000, ge=1, description="Largest program accepted, in characters.")
+    pool_size: int = Field(2, ge=0, description="Sandboxes kept started and ready for new sessions.")
+    max_sessions: int = Field(16, ge=1, description="Sessions alive at once; past it calls are refused.")
+    session_ttl: float = Field(600.0, gt=0, description="Seconds an idle session lives.")
+    acquire_timeout: float = Field(
+        60.0, gt=0, description="Seconds a call waits for a free sandbox before it gets an error."
+    )
+    start_timeout: float = Field(60.0, gt=0, description="Seconds a new sandbox may take to start.")
+    deno_path: Path | None = Field(None, description="Deno binary to use; default: the `deno` package's.")
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir, description="Where Deno keeps Pyodide (downloaded once)."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    def clamp_timeout(self, requested: float | None) -> float:
+        """The timeout a call really gets: the default when unset, never above the maximum."""
+        return min(requested if requested is not None else self.timeout, self.max_timeout)
