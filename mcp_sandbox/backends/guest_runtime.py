@@ -12,12 +12,14 @@ import ast
 import builtins
 import inspect
 import io
-import json
 import linecache
 import sys
-import traceback
+from json import dumps
+from traceback import format_exception, format_exception_only
 from types import CodeType, TracebackType
 from typing import Any, Coroutine
+
+# Names are bound at import so a program that patches json or traceback cannot break reporting.
 
 CELL_PREFIX = "<cell-"
 TRUNCATION_MARKER = "\n... [{cut:,} characters truncated] ...\n"
@@ -122,8 +124,8 @@ def _user_traceback(error: BaseException) -> str:
     while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(CELL_PREFIX):
         tb = tb.tb_next
     if isinstance(error, SyntaxError) or tb is None:
-        return "".join(traceback.format_exception_only(type(error), error))
-    return "".join(traceback.format_exception(type(error), error, tb))
+        return "".join(format_exception_only(type(error), error))
+    return "".join(format_exception(type(error), error, tb))
 
 
 class Session:
@@ -214,9 +216,9 @@ def run_program_json(code: str, max_output_chars: int) -> str | Coroutine[Any, A
     """Entry point for runners that speak JSON (the Pyodide worker)."""
     outcome = _session.run(code, max_output_chars)
     if isinstance(outcome, dict):
-        return json.dumps(outcome)
+        return dumps(outcome)
     return _dump_when_done(outcome)
 
 
 async def _dump_when_done(pending: Coroutine[Any, Any, dict[str, Any]]) -> str:
-    return json.dumps(await pending)
+    return dumps(await pending)

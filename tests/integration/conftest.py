@@ -1,0 +1,67 @@
+"""A real server process, reached through the real MCP client, with the real Deno runner."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+#: Settings every test server gets: small pool, quick kill after an ignored interrupt.
+TEST_ENV = {
+    "MCP_SANDBOX_POOL_SIZE": "2",
+    "MCP_SANDBOX_INTERRUPT_GRACE": "1",
+    "MCP_SANDBOX_LOG_LEVEL": "WARNING",
+    # A host secret that must never be visible inside the sandbox.
+    "MCP_SANDBOX_TEST_SECRET": "hunter2-host-secret",
+}
+
+
+def server_params(**env: str) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "mcp_sandbox"], env={**TEST_ENV, **env}
+    )
+
+
+async def call(client: Client, code: str, **arguments: Any) -> dict[str, Any]:
+    """Call execute_python and return its structured result, checking the envelope."""
+    response = await client.call_tool("execute_python", {"code": code, **arguments})
+    assert not response.is_error, response.content
+    assert response.structured_content is not None
+    return response.structured_content
+
+
+@pytest.fixture(scope="module")
+async def client(anyio_backend: str) -> AsyncIterator[Client]:
+    async with Client(server_params()) as connected:
+        yield connected
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def wait_for_port(port: int, process: anyio.abc.Process, limit: float = 60) -> None:
+    with anyio.fail_after(limit):
+        while True:
+            if process.returncode is not None:
+                raise RuntimeError(f"server exited with {process.returncode}")
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                await anyio.sleep(0.1)
+                continue
+            await stream.aclose()
+            return
+
+
+def server_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, **TEST_ENV, **extra}

@@ -1,0 +1,55 @@
+"""Bad arguments get a clear MCP error, and the server keeps serving."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from tests.integration.conftest import call, server_params
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+async def client(anyio_backend: str) -> AsyncIterator[Client]:
+    limits = server_params(MCP_SANDBOX_MAX_CODE_CHARS="2000", MCP_SANDBOX_MAX_SESSIONS="2", MCP_SANDBOX_POOL_SIZE="1")
+    async with Client(limits) as connected:
+        yield connected
+
+
+@pytest.mark.parametrize(
+    ("arguments", "complaint"),
+    [
+        ({"code": 5}, "code"),
+        ({}, "code"),
+        ({"code": "1", "timeout": -1}, "timeout"),
+        ({"code": "1", "timeout": "soon"}, "timeout"),
+        ({"code": "1", "session_id": "bad id with spaces"}, "session_id"),
+        ({"code": "1", "session_id": "x" * 500}, "session_id"),
+        ({"code": "#" * 2_001}, "limit is 2,000"),
+    ],
+)
+async def test_bad_arguments_get_a_clear_error(client: Client, arguments: dict[str, Any], complaint: str) -> None:
+    response = await client.call_tool("execute_python", arguments)
+    assert response.is_error is True
+    assert complaint in response.content[0].text  # type: ignore[union-attr]
+    assert (await call(client, "'still serving'", session_id="survivor"))["result"] == "'still serving'"
+
+
+async def test_unknown_tool_is_an_error(client: Client) -> None:
+    response = await client.call_tool("no_such_tool", {})
+    assert response.is_error is True
+
+
+async def test_session_limit_is_a_clear_error(client: Client) -> None:
+    # "survivor" from the tests above holds one of the two slots.
+    await call(client, "1", session_id="survivor")
+    assert (await call(client, "1", session_id="first"))["success"]
+    response = await client.call_tool("execute_python", {"code": "1", "session_id": "second"})
+    assert response.is_error is True
+    assert "reset_session" in response.content[0].text  # type: ignore[union-attr]
+    await client.call_tool("reset_session", {"session_id": "first"})
+    assert (await call(client, "2", session_id="second"))["result"] == "2"

@@ -1,0 +1,226 @@
+"""execute_python through a real MCP client over stdio, with the real Deno + Pyodide runner."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import anyio.abc
+import pytest
+from mcp import Client
+
+from tests.integration.conftest import TEST_ENV, call
+
+pytestmark = pytest.mark.anyio
+
+SWALLOWS_INTERRUPTS = """
+while True:
+    try:
+        while True:
+            pass
+    except BaseException:
+        pass
+"""
+
+
+async def test_tools_are_listed_with_an_output_schema(client: Client) -> None:
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(tools) >= {"execute_python", "reset_session"}
+    schema = tools["execute_python"].output_schema
+    assert schema is not None
+    for field in ("success", "stdout", "stderr", "result", "error_type", "error", "duration_ms",
+                  "backend", "session_id", "truncated", "session_lost"):
+        assert field in schema["properties"], field
+    assert "Pyodide" in (tools["execute_python"].description or "")
+
+
+async def test_result_fields(client: Client) -> None:
+    result = await call(client, "import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\n6 * 7")
+    assert result["success"] is True
+    assert result["stdout"] == "to stdout\n"
+    assert result["stderr"] == "to stderr\n"
+    assert result["result"] == "42"
+    assert result["error_type"] is None and result["error"] is None
+    assert isinstance(result["duration_ms"], int) and result["duration_ms"] >= 0
+    assert result["backend"] == "pyodide"
+    assert result["session_id"] is None
+    assert result["truncated"] is False and result["session_lost"] is False
+
+
+async def test_final_statement_that_is_not_an_expression_gives_no_result(client: Client) -> None:
+    result = await call(client, "x = 5")
+    assert result["success"] is True and result["result"] is None
+
+
+async def test_exception_gives_its_type_and_a_traceback_of_user_frames_only(client: Client) -> None:
+    result = await call(client, "def inner():\n    return 1 / 0\n\nprint('before')\ninner()")
+    assert result["success"] is False
+    assert result["error_type"] == "ZeroDivisionError"
+    assert result["stdout"] == "before\n"
+    error = result["error"]
+    assert "return 1 / 0" in error and "inner()" in error
+    assert "guest_runtime" not in error and "pyodide" not in error.lower()
+
+
+async def test_syntax_error_is_reported(client: Client) -> None:
+    result = await call(client, "def broken(:\n    pass")
+    assert result["success"] is False and result["error_type"] == "SyntaxError"
+    assert "line 1" in result["error"]
+
+
+async def test_top_level_await(client: Client) -> None:
+    result = await call(client, "import asyncio\nawait asyncio.sleep(0.01)\n'awaited'")
+    assert result["success"] is True and result["result"] == "'awaited'"
+
+
+async def test_sessions_keep_state_and_do_not_see_each_other(client: Client) -> None:
+    assert (await call(client, "secret = 'alpha'", session_id="iso-a"))["success"]
+    assert (await call(client, "secret = 'beta'", session_id="iso-b"))["success"]
+    assert (await call(client, "secret", session_id="iso-a"))["result"] == "'alpha'"
+    assert (await call(client, "secret", session_id="iso-b"))["result"] == "'beta'"
+    unnamed = await call(client, "secret")
+    assert unnamed["error_type"] == "NameError"
+    assert (await call(client, "secret", session_id="iso-a"))["session_id"] == "iso-a"
+
+
+async def test_calls_without_a_session_start_clean(client: Client) -> None:
+    tamper = "import builtins, sys\nbuiltins.planted = 1\nsys.modules['json'].dumps = None\nleft = 2"
+    assert (await call(client, tamper))["success"]
+    check = await call(client, "import json, builtins\n(hasattr(builtins, 'planted'), json.dumps is None, 'left' in dir())")
+    assert check["result"] == "(False, False, False)"
+
+
+async def test_a_session_is_not_tainted_by_another_one(client: Client) -> None:
+    await call(client, "import builtins\nbuiltins.len = lambda x: 0", session_id="taint-a")
+    assert (await call(client, "len('abc')", session_id="taint-b"))["result"] == "3"
+
+
+async def test_reset_session(client: Client) -> None:
+    await call(client, "kept = 1", session_id="resettable")
+    reset = await client.call_tool("reset_session", {"session_id": "resettable"})
+    assert reset.structured_content == {"session_id": "resettable", "existed": True}
+    assert (await call(client, "kept", session_id="resettable"))["error_type"] == "NameError"
+    unknown = await client.call_tool("reset_session", {"session_id": "never-made"})
+    assert unknown.structured_content == {"session_id": "never-made", "existed": False}
+
+
+async def test_timeout_interrupts_and_the_session_keeps_its_state(client: Client) -> None:
+    await call(client, "counter = 7", session_id="slow")
+    started = time.monotonic()
+    result = await call(client, "print('started')\nwhile True:\n    counter += 0", session_id="slow", timeout=1)
+    assert result["error_type"] == "Timeout" and result["success"] is False
+    assert result["session_lost"] is False
+    assert result["stdout"] == "started\n"
+    assert time.monotonic() - started < 1 + float(TEST_ENV["MCP_SANDBOX_INTERRUPT_GRACE"]) + 2
+    assert (await call(client, "counter", session_id="slow"))["result"] == "7"
+
+
+async def test_code_that_swallows_the_interrupt_is_killed(client: Client) -> None:
+    await call(client, "doomed = 1", session_id="stubborn")
+    started = time.monotonic()
+    result = await call(client, SWALLOWS_INTERRUPTS, session_id="stubborn", timeout=1)
+    assert result["error_type"] == "Timeout"
+    assert result["session_lost"] is True
+    assert time.monotonic() - started < 1 + float(TEST_ENV["MCP_SANDBOX_INTERRUPT_GRACE"]) + 3
+    after = await call(client, "doomed", session_id="stubborn")
+    assert after["error_type"] == "NameError", "the killed session must start fresh"
+    assert (await call(client, "1 + 1", session_id="stubborn"))["result"] == "2"
+
+
+async def test_javascript_loop_is_killed_at_the_timeout(client: Client) -> None:
+    result = await call(client, "import js\njs.eval('while (true) {}')", timeout=1)
+    assert result["error_type"] == "Timeout" and result["session_lost"] is True
+
+
+async def test_a_million_characters_are_truncated_keeping_head_and_tail(client: Client) -> None:
+    result = await call(client, "print('HEAD' + 'x' * 1_000_000 + 'TAIL')")
+    assert result["success"] is True and result["truncated"] is True
+    stdout = result["stdout"]
+    assert stdout.startswith("HEAD") and stdout.endswith("TAIL\n")
+    assert len(stdout) <= 32_768 + 100
+    assert "characters truncated" in stdout
+    assert "967," in stdout  # the marker says how much was cut: 1,000,009 - 32,768
+
+
+async def test_huge_result_repr_is_truncated(client: Client) -> None:
+    result = await call(client, "'y' * 500_000")
+    assert result["truncated"] is True and len(result["result"]) <= 32_768 + 100
+
+
+async def test_sandbox_exit_is_a_crash_and_the_server_keeps_serving(client: Client) -> None:
+    for code in ("import js\njs.Deno.exit(3)", "import os\nos._exit(3)"):
+        result = await call(client, code, session_id="exiter")
+        assert result["error_type"] == "SandboxCrash" and result["session_lost"] is True, code
+        assert (await call(client, "'alive'", session_id="exiter"))["result"] == "'alive'"
+
+
+async def test_calls_in_different_sessions_run_concurrently(client: Client) -> None:
+    await call(client, "1", session_id="busy")
+    await call(client, "1", session_id="quick")
+    finished: list[str] = []
+
+    async def busy() -> None:
+        await call(client, "import time\nend = time.time() + 3\nwhile time.time() < end: pass", session_id="busy")
+        finished.append("busy")
+
+    async def quick() -> None:
+        await anyio.sleep(0.5)
+        result = await call(client, "'done'", session_id="quick")
+        assert result["result"] == "'done'"
+        finished.append("quick")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(busy)
+        group.start_soon(quick)
+    assert finished == ["quick", "busy"]
+
+
+async def test_host_environment_is_invisible(client: Client) -> None:
+    result = await call(client, "import os\nsorted(os.environ.items())")
+    assert result["success"] is True
+    assert "hunter2" not in result["result"] and "MCP_SANDBOX" not in result["result"]
+    via_js = await call(client, "import js\njs.Deno.env.get('MCP_SANDBOX_TEST_SECRET')")
+    assert via_js["success"] is False and "env access" in via_js["error"]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "open('/etc/passwd').read()",
+        f"open({__file__!r}).read()",
+        "import js\njs.Deno.readTextFileSync('/etc/passwd')",
+        "import js\njs.Deno.writeTextFileSync('/tmp/escaped', 'x')",
+    ],
+)
+async def test_host_files_are_out_of_reach(client: Client, code: str) -> None:
+    result = await call(client, code)
+    assert result["success"] is False, result
+    assert result["error_type"] in {"FileNotFoundError", "JsException", "PermissionError"}
+
+
+async def test_network_is_denied(client: Client) -> None:
+    connections: list[str] = []
+
+    async def note(stream: anyio.abc.SocketStream) -> None:
+        connections.append("connected")
+        await stream.aclose()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as group:
+        group.start_soon(listener.serve, note)
+        result = await call(client, f"import js\nawait js.fetch('http://127.0.0.1:{port}/')")
+        group.cancel_scope.cancel()
+    assert result["success"] is False and "net access" in result["error"]
+    assert connections == []
+
+
+async def test_forged_protocol_lines_are_ignored(client: Client) -> None:
+    forged = (
+        "import js\n"
+        "js.console.log('{\"token\": \"guess\", \"msg\": {\"type\": \"result\", \"id\": 1, "
+        "\"outcome\": {\"success\": true, \"result\": \"forged\"}}}')\n"
+        "'genuine'"
+    )
+    result = await call(client, forged, session_id="forger")
+    assert result["result"] == "'genuine'"
