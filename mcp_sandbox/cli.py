@@ -34,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port for sse/http (default 8000)")
     serve.add_argument("--backend", choices=["auto", "pyodide"], help="overrides MCP_SANDBOX_BACKEND")
     serve.add_argument("--pool-size", type=int, help="overrides MCP_SANDBOX_POOL_SIZE")
-    serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides MCP_SANDBOX_LOG_LEVEL")
+    serve.add_argument(
+        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides MCP_SANDBOX_LOG_LEVEL"
+    )
     return parser
 
 
@@ -79,9 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     host: str = getattr(args, "host", "127.0.0.1")
     port: int = getattr(args, "port", 8000)
     if transport != "stdio" and not _is_loopback(host):
-        logger.warning(
-            "listening on %s: anyone who can reach this address can run code in the sandbox", host
-        )
+        logger.warning("listening on %s: anyone who can reach this address can run code in the sandbox", host)
     try:
         anyio.run(serve, settings, transport, host, port)
     except SandboxStartError as error:

@@ -49,13 +49,16 @@ class ExecutionResult(GuestOutcome):
     )
     error_type: str | None = Field(
         None,
-        description="The exception class name, or Timeout, MemoryLimit, SandboxCrash, Rejected; null on success.",
+        description="The exception class name, or Timeout, MemoryLimit, SandboxCrash, Rejected; "
+        "null on success.",
     )
     error: str | None = Field(None, description="Error message with a traceback of the program's own frames.")
     truncated: bool = Field(False, description="True when any output field was cut to the size cap.")
     duration_ms: int = Field(0, description="Wall time of the call on the server, in milliseconds.")
     backend: str = Field(description="The sandbox that ran the code, e.g. pyodide.")
-    session_id: str | None = Field(None, description="The session the code ran in, or null for a one-off run.")
+    session_id: str | None = Field(
+        None, description="The session the code ran in, or null for a one-off run."
+    )
     session_lost: bool = Field(
         False,
         description="True when the sandbox had to be killed: the session's variables are gone "

@@ -14,8 +14,8 @@ from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from mcp_sandbox import __version__
-from mcp_sandbox.backends.choice import create_backend
 from mcp_sandbox.backends.base import Backend
+from mcp_sandbox.backends.choice import create_backend
 from mcp_sandbox.pool import PoolUnavailable, WarmPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import SessionLimitReached, SessionPool
@@ -68,7 +68,12 @@ class App:
         self._pool.fill()
         self._sessions = SessionPool(self._pool, self.settings, self._backend.name)
         task_group.start_soon(self._sessions.expire_idle)
-        logger.info("mcp-sandbox %s: %s backend, %d warm sandboxes", __version__, self._backend.name, self.settings.pool_size)
+        logger.info(
+            "mcp-sandbox %s: %s backend, %d warm sandboxes",
+            __version__,
+            self._backend.name,
+            self.settings.pool_size,
+        )
         return self
 
     async def __aexit__(
@@ -117,7 +122,8 @@ def build_server(app: App) -> MCPServer:
     async def execute_python(
         code: Annotated[str, Field(description="The Python program to run.")],
         timeout: Annotated[
-            float | None, Field(gt=0, description="Seconds the program may run (clamped to the server's maximum).")
+            float | None,
+            Field(gt=0, description="Seconds the program may run (clamped to the server's maximum)."),
         ] = None,
         session_id: Annotated[
             str | None,
@@ -133,7 +139,9 @@ def build_server(app: App) -> MCPServer:
                 "(MCP_SANDBOX_MAX_CODE_CHARS)"
             )
         try:
-            return await app.sessions.run(code, timeout=settings.clamp_timeout(timeout), session_id=session_id)
+            return await app.sessions.run(
+                code, timeout=settings.clamp_timeout(timeout), session_id=session_id
+            )
         except (PoolUnavailable, SessionLimitReached) as error:
             raise ToolError(str(error)) from None
 
@@ -146,10 +154,10 @@ def build_server(app: App) -> MCPServer:
     server.add_tool(
         execute_python,
         description=describe_execute_python(app),
-        annotations=ToolAnnotations(title="Run Python", readOnlyHint=False, openWorldHint=False),
+        annotations=ToolAnnotations(title="Run Python", read_only_hint=False, open_world_hint=False),
     )
     server.add_tool(
         reset_session,
-        annotations=ToolAnnotations(title="Reset a session", destructiveHint=True, idempotentHint=True),
+        annotations=ToolAnnotations(title="Reset a session", destructive_hint=True, idempotent_hint=True),
     )
     return server

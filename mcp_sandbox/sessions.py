@@ -107,7 +107,9 @@ class SessionPool:
             deadline = time.monotonic() - self._settings.session_ttl
             for session in list(self._sessions.values()):
                 if not session.lock.locked() and session.last_used < deadline:
-                    logger.info("session %r expired after %g s idle", session.session_id, self._settings.session_ttl)
+                    logger.info(
+                        "session %r expired after %g s idle", session.session_id, self._settings.session_ttl
+                    )
                     await self.reset(session.session_id)
 
     async def close(self) -> None:

@@ -1,2 +1,1 @@
 """Sandbox backends behind one `Executor` interface."""
-

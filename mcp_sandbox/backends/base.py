@@ -57,9 +57,7 @@ class Executor(ABC):
     async def close(self) -> None:
         """Stop the sandbox and free everything it holds. Safe to call twice."""
 
-    async def run(
-        self, code: str, *, timeout: float, grace: float, max_output_chars: int
-    ) -> ExecutionResult:
+    async def run(self, code: str, *, timeout: float, grace: float, max_output_chars: int) -> ExecutionResult:
         started = time.perf_counter()
 
         def elapsed_ms() -> int:
@@ -75,7 +73,9 @@ class Executor(ABC):
                 outcome = (await self._await_outcome()).capped(max_output_chars)
                 if outcome.error_type != "KeyboardInterrupt":
                     # It finished on its own just as the deadline passed.
-                    return ExecutionResult(**outcome.model_dump(), backend=self.backend, duration_ms=elapsed_ms())
+                    return ExecutionResult(
+                        **outcome.model_dump(), backend=self.backend, duration_ms=elapsed_ms()
+                    )
                 return ExecutionResult.failure(
                     "Timeout",
                     f"Execution timed out after {timeout:g} s and was interrupted; "
@@ -112,7 +112,7 @@ class Backend(ABC):
 
     name: ClassVar[str]
 
-    async def prepare(self) -> None:
+    async def prepare(self) -> None:  # noqa: B027 - an optional hook, not every backend has set-up
         """One-time set-up before the first `start` (fetching a runtime, say)."""
 
     @abstractmethod

@@ -14,10 +14,11 @@ import inspect
 import io
 import linecache
 import sys
+from collections.abc import Coroutine
 from json import dumps
 from traceback import format_exception, format_exception_only
 from types import CodeType, TracebackType
-from typing import Any, Coroutine
+from typing import Any
 
 # Names are bound at import so a program that patches json or traceback cannot break reporting.
 

@@ -54,7 +54,8 @@ def find_deno(settings: Settings) -> Path | None:
     if settings.deno_path is not None:
         return settings.deno_path if os.access(settings.deno_path, os.X_OK) else None
     try:
-        from deno import find_deno_bin
+        # mypy sees the checkout's deno/ folder under this name; Python finds the package.
+        from deno import find_deno_bin  # type: ignore[attr-defined,unused-ignore]
 
         found = Path(find_deno_bin())
     except (ImportError, FileNotFoundError, OSError):
@@ -134,7 +135,9 @@ class PyodideBackend(Backend):
                 await executor.initialize()
         except (SandboxDied, TimeoutError) as error:
             await executor.close()
-            raise SandboxStartError(f"Pyodide sandbox failed to start: {error}{executor.stderr_tail()}") from None
+            raise SandboxStartError(
+                f"Pyodide sandbox failed to start: {error}{executor.stderr_tail()}"
+            ) from None
         return executor
 
     def describe(self) -> str:
@@ -246,7 +249,12 @@ class PyodideExecutor(Executor):
         except anyio.DelimiterNotFound:
             self._death = "the sandbox wrote a line longer than the protocol allows"
             self._process.kill()
-        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        except (
+            anyio.EndOfStream,
+            anyio.IncompleteRead,
+            anyio.BrokenResourceError,
+            anyio.ClosedResourceError,
+        ):
             pass
         finally:
             self._send_messages.close()

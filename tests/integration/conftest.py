@@ -23,9 +23,7 @@ TEST_ENV = {
 
 
 def server_params(**env: str) -> StdioServerParameters:
-    return StdioServerParameters(
-        command=sys.executable, args=["-m", "mcp_sandbox"], env={**TEST_ENV, **env}
-    )
+    return StdioServerParameters(command=sys.executable, args=["-m", "mcp_sandbox"], env={**TEST_ENV, **env})
 
 
 async def call(client: Client, code: str, **arguments: Any) -> dict[str, Any]:

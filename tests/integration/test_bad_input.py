@@ -15,7 +15,9 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture(scope="module")
 async def client(anyio_backend: str) -> AsyncIterator[Client]:
-    limits = server_params(MCP_SANDBOX_MAX_CODE_CHARS="2000", MCP_SANDBOX_MAX_SESSIONS="2", MCP_SANDBOX_POOL_SIZE="1")
+    limits = server_params(
+        MCP_SANDBOX_MAX_CODE_CHARS="2000", MCP_SANDBOX_MAX_SESSIONS="2", MCP_SANDBOX_POOL_SIZE="1"
+    )
     async with Client(limits) as connected:
         yield connected
 
@@ -32,7 +34,9 @@ async def client(anyio_backend: str) -> AsyncIterator[Client]:
         ({"code": "#" * 2_001}, "limit is 2,000"),
     ],
 )
-async def test_bad_arguments_get_a_clear_error(client: Client, arguments: dict[str, Any], complaint: str) -> None:
+async def test_bad_arguments_get_a_clear_error(
+    client: Client, arguments: dict[str, Any], complaint: str
+) -> None:
     response = await client.call_tool("execute_python", arguments)
     assert response.is_error is True
     assert complaint in response.content[0].text  # type: ignore[union-attr]

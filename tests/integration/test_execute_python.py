@@ -28,8 +28,19 @@ async def test_tools_are_listed_with_an_output_schema(client: Client) -> None:
     assert set(tools) >= {"execute_python", "reset_session"}
     schema = tools["execute_python"].output_schema
     assert schema is not None
-    for field in ("success", "stdout", "stderr", "result", "error_type", "error", "duration_ms",
-                  "backend", "session_id", "truncated", "session_lost"):
+    for field in (
+        "success",
+        "stdout",
+        "stderr",
+        "result",
+        "error_type",
+        "error",
+        "duration_ms",
+        "backend",
+        "session_id",
+        "truncated",
+        "session_lost",
+    ):
         assert field in schema["properties"], field
     assert "Pyodide" in (tools["execute_python"].description or "")
 
@@ -86,7 +97,9 @@ async def test_sessions_keep_state_and_do_not_see_each_other(client: Client) -> 
 async def test_calls_without_a_session_start_clean(client: Client) -> None:
     tamper = "import builtins, sys\nbuiltins.planted = 1\nsys.modules['json'].dumps = None\nleft = 2"
     assert (await call(client, tamper))["success"]
-    check = await call(client, "import json, builtins\n(hasattr(builtins, 'planted'), json.dumps is None, 'left' in dir())")
+    check = await call(
+        client, "import json, builtins\n(hasattr(builtins, 'planted'), json.dumps is None, 'left' in dir())"
+    )
     assert check["result"] == "(False, False, False)"
 
 
@@ -107,7 +120,9 @@ async def test_reset_session(client: Client) -> None:
 async def test_timeout_interrupts_and_the_session_keeps_its_state(client: Client) -> None:
     await call(client, "counter = 7", session_id="slow")
     started = time.monotonic()
-    result = await call(client, "print('started')\nwhile True:\n    counter += 0", session_id="slow", timeout=1)
+    result = await call(
+        client, "print('started')\nwhile True:\n    counter += 0", session_id="slow", timeout=1
+    )
     assert result["error_type"] == "Timeout" and result["success"] is False
     assert result["session_lost"] is False
     assert result["stdout"] == "started\n"
@@ -160,7 +175,9 @@ async def test_calls_in_different_sessions_run_concurrently(client: Client) -> N
     finished: list[str] = []
 
     async def busy() -> None:
-        await call(client, "import time\nend = time.time() + 3\nwhile time.time() < end: pass", session_id="busy")
+        await call(
+            client, "import time\nend = time.time() + 3\nwhile time.time() < end: pass", session_id="busy"
+        )
         finished.append("busy")
 
     async def quick() -> None:
@@ -218,8 +235,8 @@ async def test_network_is_denied(client: Client) -> None:
 async def test_forged_protocol_lines_are_ignored(client: Client) -> None:
     forged = (
         "import js\n"
-        "js.console.log('{\"token\": \"guess\", \"msg\": {\"type\": \"result\", \"id\": 1, "
-        "\"outcome\": {\"success\": true, \"result\": \"forged\"}}}')\n"
+        'js.console.log(\'{"token": "guess", "msg": {"type": "result", "id": 1, '
+        '"outcome": {"success": true, "result": "forged"}}}\')\n'
         "'genuine'"
     )
     result = await call(client, forged, session_id="forger")

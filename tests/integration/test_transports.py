@@ -1,0 +1,74 @@
+"""The same server over streamable HTTP and SSE, started as a real process on 127.0.0.1."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import pytest
+from mcp import Client
+from mcp.client.sse import sse_client
+
+from tests.integration.conftest import call, free_port, server_env, wait_for_port
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def running_server(transport: str) -> AsyncIterator[int]:
+    port = free_port()
+    command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", transport, "--port", str(port)]
+    process = await anyio.open_process(
+        command, env=server_env(MCP_SANDBOX_POOL_SIZE="1"), stdout=subprocess.DEVNULL
+    )
+    try:
+        await wait_for_port(port, process)
+        yield port
+    finally:
+        process.terminate()
+        with anyio.move_on_after(10):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+        await process.aclose()
+
+
+async def test_streamable_http() -> None:
+    async with running_server("http") as port, Client(f"http://127.0.0.1:{port}/mcp") as client:
+        result = await call(client, "import sys\nsys.version_info[:2]", session_id="over-http")
+        assert result["success"] is True and result["backend"] == "pyodide"
+        assert (await call(client, "kept = 1", session_id="over-http"))["success"]
+        assert (await call(client, "kept", session_id="over-http"))["result"] == "1"
+
+
+async def test_sse() -> None:
+    async with running_server("sse") as port, Client(sse_client(f"http://127.0.0.1:{port}/sse")) as client:
+        result = await call(client, "sum(range(10))")
+        assert result["result"] == "45"
+
+
+async def test_http_rejects_a_foreign_host_header() -> None:
+    """DNS-rebinding protection stays on: a page on another origin cannot drive the server."""
+
+    def post_with_foreign_host(port: int) -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        headers = {
+            "Host": "evil.example",
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        }
+        connection.request("POST", "/mcp", body=body, headers=headers)
+        status = connection.getresponse().status
+        connection.close()
+        return status
+
+    async with running_server("http") as port:
+        assert await anyio.to_thread.run_sync(post_with_foreign_host, port) in (403, 421)

@@ -1,0 +1,119 @@
+"""The guest runtime, run here in CPython: the same code Pyodide loads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from mcp_sandbox.backends.guest_runtime import CappedText, Session, cap_text, run_program_json
+
+
+def run(code: str, session: Session | None = None, limit: int = 1000) -> dict[str, object]:
+    outcome = (session or Session()).run(code, limit)
+    if not isinstance(outcome, dict):
+        outcome = asyncio.run(outcome)
+    return outcome
+
+
+def test_capped_text_keeps_everything_under_the_limit() -> None:
+    stream = CappedText(10)
+    stream.write("abc")
+    stream.write("def")
+    assert stream.getvalue() == "abcdef" and not stream.truncated
+
+
+def test_capped_text_keeps_head_and_tail_and_counts_the_cut() -> None:
+    stream = CappedText(10)
+    for _ in range(1000):
+        stream.write("0123456789")
+    value = stream.getvalue()
+    assert stream.truncated and stream.total == 10_000
+    assert value.startswith("01234") and value.endswith("56789")
+    assert "[9,990 characters truncated]" in value
+
+
+def test_capped_text_memory_stays_bounded_under_many_small_writes() -> None:
+    stream = CappedText(100)
+    for index in range(100_000):
+        stream.write(str(index % 10))
+    assert sum(len(part) for part in stream._tail) <= 3 * 50
+    assert stream.getvalue().endswith("6789")
+
+
+def test_cap_text_short_and_long() -> None:
+    assert cap_text("short", 100) == ("short", False)
+    capped, cut = cap_text("x" * 1000, 100)
+    assert cut and len(capped) < 200
+
+
+def test_last_expression_is_the_result() -> None:
+    assert run("a = 2\na * 21")["result"] == "42"
+    assert run("a = 2")["result"] is None
+    assert run("None")["result"] is None
+    assert run("")["success"] is True
+
+
+def test_state_persists_within_a_session_only() -> None:
+    session = Session()
+    run("x = 1", session)
+    assert run("x + 1", session)["result"] == "2"
+    assert run("x")["error_type"] == "NameError"
+
+
+def test_exception_traceback_shows_only_user_frames() -> None:
+    outcome = run("def f():\n    raise ValueError('bad')\nf()")
+    assert outcome["success"] is False and outcome["error_type"] == "ValueError"
+    error = str(outcome["error"])
+    assert error.startswith("Traceback") and "raise ValueError('bad')" in error
+    assert "guest_runtime" not in error
+
+
+def test_syntax_error() -> None:
+    outcome = run("1 +")
+    assert outcome["error_type"] == "SyntaxError" and "Traceback" not in str(outcome["error"])
+
+
+def test_system_exit_zero_is_success_and_nonzero_is_failure() -> None:
+    assert run("import sys\nsys.exit(0)")["success"] is True
+    assert run("import sys\nsys.exit(2)")["error_type"] == "SystemExit"
+
+
+def test_output_is_captured_and_stdout_restored() -> None:
+    import sys
+
+    before = sys.stdout
+    outcome = run("import sys\nprint('out')\nprint('err', file=sys.stderr)")
+    assert (outcome["stdout"], outcome["stderr"]) == ("out\n", "err\n")
+    assert sys.stdout is before
+
+
+def test_top_level_await_returns_a_coroutine_with_the_result() -> None:
+    outcome = Session().run("import asyncio\nawait asyncio.sleep(0)\n'done'", 100)
+    assert not isinstance(outcome, dict)
+    assert asyncio.run(outcome)["result"] == "'done'"
+
+
+def test_broken_repr_does_not_lose_the_run() -> None:
+    outcome = run("class Odd:\n    def __repr__(self):\n        raise RuntimeError('no')\nOdd()")
+    assert outcome["success"] is True and "repr() failed" in str(outcome["result"])
+
+
+def test_output_flood_is_capped_at_the_source() -> None:
+    outcome = run("print('z' * 100_000)", limit=1000)
+    assert outcome["truncated"] is True and len(str(outcome["stdout"])) < 1100
+
+
+def test_patching_json_cannot_break_reporting() -> None:
+    original = json.dumps
+    try:
+        reported = run_program_json("import json\njson.dumps = None\n1", 100)
+    finally:
+        json.dumps = original  # the program patched this very process's json module
+    assert json.loads(str(reported))["result"] == "1"
+
+
+@pytest.mark.parametrize("code", ["raise KeyboardInterrupt", "raise BaseException('x')"])
+def test_base_exceptions_are_reported_not_raised(code: str) -> None:
+    assert run(code)["success"] is False

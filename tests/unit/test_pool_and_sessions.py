@@ -1,0 +1,126 @@
+"""WarmPool and SessionPool with fake executors: fairness, failures, state, expiry."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from mcp_sandbox.backends.base import Executor, SandboxStartError
+from mcp_sandbox.pool import PoolUnavailable, WarmPool
+from mcp_sandbox.sessions import SessionLimitReached, SessionPool
+from mcp_sandbox.settings import Settings
+from tests.unit.fakes import FakeExecutor
+
+pytestmark = pytest.mark.anyio
+
+
+async def quick_start() -> Executor:
+    await anyio.sleep(0.01)
+    return FakeExecutor()
+
+
+async def test_pool_fills_to_its_size() -> None:
+    async with anyio.create_task_group() as group:
+        pool = WarmPool(quick_start, size=3, task_group=group, acquire_timeout=1)
+        pool.fill()
+        await anyio.sleep(0.1)
+        assert pool.ready_count == 3
+        await pool.acquire()
+        await anyio.sleep(0.1)
+        assert pool.ready_count == 3, "the pool refills after a hand-out"
+        await pool.close()
+
+
+async def test_waiters_are_served_first_come_first_served() -> None:
+    order: list[int] = []
+
+    async with anyio.create_task_group() as group:
+        pool = WarmPool(quick_start, size=0, task_group=group, acquire_timeout=5, max_starting=1)
+
+        async def take(number: int) -> None:
+            await pool.acquire()
+            order.append(number)
+
+        for number in range(4):
+            group.start_soon(take, number)
+            await anyio.sleep(0.001)
+        with anyio.fail_after(5):
+            while len(order) < 4:
+                await anyio.sleep(0.01)
+        await pool.close()
+    assert order == [0, 1, 2, 3]
+
+
+async def test_a_failing_start_reaches_the_waiter_at_once() -> None:
+    async def broken() -> Executor:
+        raise SandboxStartError("no runtime here")
+
+    async with anyio.create_task_group() as group:
+        pool = WarmPool(broken, size=0, task_group=group, acquire_timeout=30)
+        with anyio.fail_after(5), pytest.raises(PoolUnavailable, match="no runtime here"):
+            await pool.acquire()
+        await pool.close()
+        group.cancel_scope.cancel()
+
+
+async def test_acquire_gives_up_after_its_timeout() -> None:
+    async def slow() -> Executor:
+        await anyio.sleep(10)
+        return FakeExecutor()
+
+    async with anyio.create_task_group() as group:
+        pool = WarmPool(slow, size=0, task_group=group, acquire_timeout=0.1)
+        with pytest.raises(PoolUnavailable, match=r"within 0\.1 s"):
+            await pool.acquire()
+        await pool.close()
+        group.cancel_scope.cancel()
+
+
+def settings(**overrides: object) -> Settings:
+    return Settings(**{"interrupt_grace": 0.05, "session_ttl": 0.2, "max_sessions": 2, **overrides})  # type: ignore[arg-type]
+
+
+async def test_session_keeps_its_executor_and_one_off_calls_discard_theirs() -> None:
+    async with anyio.create_task_group() as group:
+        pool = WarmPool(quick_start, size=1, task_group=group, acquire_timeout=1)
+        sessions = SessionPool(pool, settings(), "fake")
+        first = await sessions.run("1", timeout=1, session_id="s")
+        second = await sessions.run("2", timeout=1, session_id="s")
+        assert first.session_id == second.session_id == "s"
+        one_off = await sessions.run("3", timeout=1)
+        assert one_off.session_id is None
+        await sessions.close()
+        await pool.close()
+
+
+async def test_a_lost_session_gets_a_new_sandbox() -> None:
+    async with anyio.create_task_group() as group:
+        pool = WarmPool(lambda: _stubborn(), size=1, task_group=group, acquire_timeout=1)
+        sessions = SessionPool(pool, settings(), "fake")
+        lost = await sessions.run("hang", timeout=0.05, session_id="s")
+        assert lost.session_lost
+        assert (await sessions.run("'again'", timeout=1, session_id="s")).success
+        await sessions.close()
+        await pool.close()
+
+
+async def _stubborn() -> Executor:
+    return FakeExecutor(stubborn=True)
+
+
+async def test_session_limit_and_expiry() -> None:
+    async with anyio.create_task_group() as group:
+        pool = WarmPool(quick_start, size=1, task_group=group, acquire_timeout=1)
+        sessions = SessionPool(pool, settings(), "fake")
+        await sessions.run("1", timeout=1, session_id="a")
+        await sessions.run("1", timeout=1, session_id="b")
+        with pytest.raises(SessionLimitReached):
+            await sessions.run("1", timeout=1, session_id="c")
+        group.start_soon(sessions.expire_idle)
+        with anyio.fail_after(3):
+            while sessions.session_ids:
+                await anyio.sleep(0.05)
+        await sessions.run("1", timeout=1, session_id="c")
+        await sessions.close()
+        await pool.close()
+        group.cancel_scope.cancel()

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mcp_sandbox.backends.protocol import encode, max_line_bytes, open_envelope
+from mcp_sandbox.result import GuestOutcome
+from mcp_sandbox.settings import Settings
+
+
+def test_envelope_with_the_right_token_is_opened() -> None:
+    line = json.dumps({"token": "abc", "msg": {"type": "ready"}}).encode()
+    assert open_envelope(line, "abc") == {"type": "ready"}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"not json",
+        b"[1, 2]",
+        json.dumps({"token": "wrong", "msg": {"type": "ready"}}).encode(),
+        json.dumps({"msg": {"type": "ready"}}).encode(),
+        json.dumps({"token": "abc", "msg": "ready"}).encode(),
+    ],
+)
+def test_forged_or_malformed_lines_are_refused(line: bytes) -> None:
+    assert open_envelope(line, "abc") is None
+
+
+def test_encode_is_one_line() -> None:
+    encoded = encode({"type": "run", "id": 1, "code": "print('a')\nprint('b')", "max_output_chars": 10})
+    assert encoded.endswith(b"\n") and encoded.count(b"\n") == 1
+
+
+def test_max_line_allows_a_full_result() -> None:
+    assert max_line_bytes(32_768) > 4 * 6 * 32_768
+
+
+def test_outcome_from_the_guest_is_capped_again_on_the_host() -> None:
+    forged = GuestOutcome(success=True, stdout="x" * 10_000, result="y" * 10_000)
+    capped = forged.capped(1000)
+    assert capped.truncated and len(capped.stdout) < 1100 and len(capped.result or "") < 1100
+    honest = GuestOutcome(success=True, stdout="fine")
+    assert honest.capped(1000) is honest
+
+
+def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCP_SANDBOX_TIMEOUT", "12")
+    monkeypatch.setenv("MCP_SANDBOX_POOL_SIZE", "5")
+    settings = Settings()
+    assert settings.timeout == 12 and settings.pool_size == 5
+
+
+def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCP_SANDBOX_TIMEOUT", "-3")
+    with pytest.raises(ValueError):
+        Settings()
+
+
+def test_timeout_defaults_and_is_clamped() -> None:
+    settings = Settings(timeout=30, max_timeout=60)
+    assert settings.clamp_timeout(None) == 30
+    assert settings.clamp_timeout(5) == 5
+    assert settings.clamp_timeout(10_000) == 60
+
+
+def test_every_setting_is_documented_in_env_example() -> None:
+    from pathlib import Path
+
+    documented = (Path(__file__).resolve().parents[2] / ".env.example").read_text()
+    missing = [name for name in Settings.model_fields if f"MCP_SANDBOX_{name.upper()}=" not in documented]
+    assert missing == []
