@@ -232,7 +232,7 @@ class PyodideExecutor(Executor):
         try:
             return await self._messages.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise SandboxDied(await self._wait_death_reason()) from None
+            raise await self._death_report() from None
 
     async def read_stdout(self) -> None:
         """Feed genuine runner messages to `_messages` until the process ends."""
@@ -281,12 +281,12 @@ class PyodideExecutor(Executor):
         code = self._process.returncode
         return "the sandbox was closed" if code is None else f"the sandbox process exited with status {code}"
 
-    async def _wait_death_reason(self) -> str:
+    async def _death_report(self) -> SandboxDied:
+        """Why the sandbox went away, once its exit status and last words are in."""
         if self._death is None and not self._closed:
             with anyio.move_on_after(1):
                 await self._process.wait()
-        reason = self._death_reason()
-        tail = self.stderr_tail()
+        reason, tail = self._death_reason(), self.stderr_tail()
         if "out of memory" in tail.lower() or "heap limit" in tail.lower():
-            raise SandboxDied(f"{reason}: out of memory{tail}", "MemoryLimit")
-        return reason + tail
+            return SandboxDied(f"{reason}: out of memory{tail}", "MemoryLimit")
+        return SandboxDied(reason + tail)
