@@ -11,26 +11,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
-from collections import deque
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import anyio
 import anyio.abc
-from anyio.streams.buffered import BufferedByteReceiveStream
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from pydantic import ValidationError
 
-from mcp_sandbox.backends import guest_runtime, protocol
-from mcp_sandbox.backends.base import Backend, Executor, SandboxDied, SandboxStartError
-from mcp_sandbox.result import GuestOutcome
+from mcp_sandbox.backends.base import Backend, Executor, SandboxStartError
+from mcp_sandbox.backends.process import ProcessExecutor, start_process_executor
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-GUEST_RUNTIME_SOURCE = Path(guest_runtime.__file__).read_text(encoding="utf-8")
-STDERR_TAIL_BYTES = 4096
 
 
 def runner_dir() -> Path:
@@ -128,17 +119,7 @@ class PyodideBackend(Backend):
     async def start(self) -> Executor:
         process = await anyio.open_process(self.command(), env=self._sandbox_env(), start_new_session=True)
         executor = PyodideExecutor(process, self._settings.max_output_chars)
-        self._task_group.start_soon(executor.read_stdout)
-        self._task_group.start_soon(executor.read_stderr)
-        try:
-            with anyio.fail_after(self._settings.start_timeout):
-                await executor.initialize()
-        except (SandboxDied, TimeoutError) as error:
-            await executor.close()
-            raise SandboxStartError(
-                f"Pyodide sandbox failed to start: {error}{executor.stderr_tail()}"
-            ) from None
-        return executor
+        return await start_process_executor(executor, self._task_group, self._settings.start_timeout)
 
     def describe(self) -> str:
         return (
@@ -148,145 +129,5 @@ class PyodideBackend(Backend):
         )
 
 
-class PyodideExecutor(Executor):
+class PyodideExecutor(ProcessExecutor):
     backend: ClassVar[str] = "pyodide"
-
-    def __init__(self, process: anyio.abc.Process, max_output_chars: int) -> None:
-        self._process = process
-        self._token = secrets.token_hex(16)
-        self._max_line = protocol.max_line_bytes(max_output_chars)
-        self._send_messages: MemoryObjectSendStream[dict[str, Any]]
-        self._messages: MemoryObjectReceiveStream[dict[str, Any]]
-        self._send_messages, self._messages = anyio.create_memory_object_stream[dict[str, Any]](16)
-        self._stdin_lock = anyio.Lock()
-        self._stderr_tail: deque[bytes] = deque()
-        self._stderr_len = 0
-        self._run_id = 0
-        self._closed = False
-        self._death: str | None = None
-        self.forged_lines = 0
-
-    @property
-    def alive(self) -> bool:
-        return not self._closed and self._death is None and self._process.returncode is None
-
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
-    async def initialize(self) -> None:
-        await self._send({"type": "init", "token": self._token, "guest_runtime": GUEST_RUNTIME_SOURCE})
-        message = await self._next_message()
-        if message.get("type") != "ready":
-            raise SandboxDied(str(message.get("message", message)))
-        logger.debug("pyodide sandbox %d ready in %s ms", self.pid, message.get("load_ms"))
-
-    async def _submit(self, code: str, max_output_chars: int) -> None:
-        self._run_id += 1
-        await self._send(
-            {"type": "run", "id": self._run_id, "code": code, "max_output_chars": max_output_chars}
-        )
-
-    async def _await_outcome(self) -> GuestOutcome:
-        while True:
-            message = await self._next_message()
-            kind, run_id = message.get("type"), message.get("id")
-            if kind == "result" and run_id == self._run_id:
-                try:
-                    return GuestOutcome.model_validate(message.get("outcome"))
-                except ValidationError:
-                    raise SandboxDied("the sandbox sent a malformed result") from None
-            if kind == "crashed" and run_id == self._run_id:
-                raise SandboxDied(f"the sandbox crashed: {message.get('message')}")
-            if kind == "fatal":
-                raise SandboxDied(f"the sandbox runner failed: {message.get('message')}")
-            # Anything else is stale or forged by the sandbox itself: it only concerns this run.
-
-    async def interrupt(self) -> None:
-        try:
-            await self._send({"type": "interrupt", "id": self._run_id})
-        except SandboxDied:
-            pass
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            if self._process.returncode is None:
-                self._process.kill()
-            await self._process.wait()
-            await self._process.aclose()
-            self._send_messages.close()
-
-    async def _send(self, message: protocol.HostMessage) -> None:
-        if self._process.stdin is None or not self.alive:
-            raise SandboxDied(self._death_reason())
-        try:
-            async with self._stdin_lock:
-                await self._process.stdin.send(protocol.encode(message))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            raise SandboxDied(self._death_reason()) from None
-
-    async def _next_message(self) -> dict[str, Any]:
-        try:
-            return await self._messages.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise await self._death_report() from None
-
-    async def read_stdout(self) -> None:
-        """Feed genuine runner messages to `_messages` until the process ends."""
-        assert self._process.stdout is not None
-        reader = BufferedByteReceiveStream(self._process.stdout)
-        try:
-            while True:
-                line = await reader.receive_until(b"\n", self._max_line)
-                message = protocol.open_envelope(line, self._token)
-                if message is None:
-                    self.forged_lines += 1
-                    continue
-                await self._send_messages.send(message)
-        except anyio.DelimiterNotFound:
-            self._death = "the sandbox wrote a line longer than the protocol allows"
-            self._process.kill()
-        except (
-            anyio.EndOfStream,
-            anyio.IncompleteRead,
-            anyio.BrokenResourceError,
-            anyio.ClosedResourceError,
-        ):
-            pass
-        finally:
-            self._send_messages.close()
-
-    async def read_stderr(self) -> None:
-        """Keep the tail of the runner's stderr for error messages; never let the pipe fill."""
-        assert self._process.stderr is not None
-        try:
-            async for chunk in self._process.stderr:
-                self._stderr_tail.append(chunk)
-                self._stderr_len += len(chunk)
-                while self._stderr_len > STDERR_TAIL_BYTES and len(self._stderr_tail) > 1:
-                    self._stderr_len -= len(self._stderr_tail.popleft())
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-
-    def stderr_tail(self) -> str:
-        text = b"".join(self._stderr_tail).decode(errors="replace").strip()[-STDERR_TAIL_BYTES:]
-        return f"\n{text}" if text else ""
-
-    def _death_reason(self) -> str:
-        if self._death is not None:
-            return self._death
-        code = self._process.returncode
-        return "the sandbox was closed" if code is None else f"the sandbox process exited with status {code}"
-
-    async def _death_report(self) -> SandboxDied:
-        """Why the sandbox went away, once its exit status and last words are in."""
-        if self._death is None and not self._closed:
-            with anyio.move_on_after(1):
-                await self._process.wait()
-        reason, tail = self._death_reason(), self.stderr_tail()
-        if "out of memory" in tail.lower() or "heap limit" in tail.lower():
-            return SandboxDied(f"{reason}: out of memory{tail}", "MemoryLimit")
-        return SandboxDied(reason + tail)
