@@ -32,7 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--transport", choices=["stdio", "sse", "http"], default="stdio")
     serve.add_argument("--host", default="127.0.0.1", help="address for sse/http (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port for sse/http (default 8000)")
-    serve.add_argument("--backend", choices=["auto", "pyodide"], help="overrides MCP_SANDBOX_BACKEND")
+    serve.add_argument(
+        "--backend", choices=["auto", "pyodide", "subprocess"], help="overrides MCP_SANDBOX_BACKEND"
+    )
     serve.add_argument("--pool-size", type=int, help="overrides MCP_SANDBOX_POOL_SIZE")
     serve.add_argument(
         "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides MCP_SANDBOX_LOG_LEVEL"

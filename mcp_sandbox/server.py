@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from mcp_sandbox import __version__
 from mcp_sandbox.backends.base import Backend
-from mcp_sandbox.backends.choice import create_backend
+from mcp_sandbox.backends.choice import prepare_backend
 from mcp_sandbox.pool import PoolUnavailable, WarmPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import SessionLimitReached, SessionPool
@@ -54,8 +54,7 @@ class App:
         task_group = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._stop, task_group)
         try:
-            self._backend = create_backend(self.settings, task_group)
-            await self._backend.prepare()
+            self._backend = await prepare_backend(self.settings, task_group)
         except BaseException:
             await self._stack.aclose()
             raise

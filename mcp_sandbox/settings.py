@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-BackendName = Literal["auto", "pyodide"]
+BackendName = Literal["auto", "pyodide", "subprocess"]
 
 
 def default_cache_dir() -> Path:
@@ -22,7 +22,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MCP_SANDBOX_", env_file=".env", extra="ignore")
 
-    backend: BackendName = Field("auto", description="Which sandbox runs code: auto picks pyodide.")
+    backend: BackendName = Field(
+        "auto", description="Which sandbox runs code: auto picks pyodide when Deno works, else subprocess."
+    )
     timeout: float = Field(30.0, gt=0, description="Default seconds a call may run.")
     max_timeout: float = Field(300.0, gt=0, description="Upper bound for a caller's `timeout`.")
     interrupt_grace: float = Field(
@@ -39,6 +41,13 @@ class Settings(BaseSettings):
         60.0, gt=0, description="Seconds a call waits for a free sandbox before it gets an error."
     )
     start_timeout: float = Field(60.0, gt=0, description="Seconds a new sandbox may take to start.")
+    memory_mb: int = Field(512, ge=64, description="subprocess: address-space limit per worker (RLIMIT_AS).")
+    cpu_seconds: int = Field(900, ge=1, description="subprocess: CPU seconds a worker may use in its life.")
+    max_open_files: int = Field(256, ge=16, description="subprocess: open files per worker.")
+    max_file_mb: int = Field(64, ge=1, description="subprocess: largest file a worker may write.")
+    max_processes: int = Field(
+        32, ge=1, description="subprocess: processes/threads a worker may add (not enforced for root)."
+    )
     deno_path: Path | None = Field(None, description="Deno binary to use; default: the `deno` package's.")
     cache_dir: Path = Field(
         default_factory=default_cache_dir, description="Where Deno keeps Pyodide (downloaded once)."

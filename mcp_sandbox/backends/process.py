@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import signal
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,13 @@ class ProcessExecutor(Executor):
         if self._death is not None:
             return self._death
         code = self._process.returncode
-        return "the sandbox was closed" if code is None else f"the sandbox process exited with status {code}"
+        if code is None:
+            return "the sandbox was closed"
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+            hint = " (its CPU-time limit)" if name == "SIGXCPU" else ""
+            return f"the sandbox process was killed by {name}{hint}"
+        return f"the sandbox process exited with status {code}"
 
     async def _death_report(self) -> SandboxDied:
         """Why the sandbox went away, once its exit status and last words are in."""

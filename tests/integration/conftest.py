@@ -34,10 +34,22 @@ async def call(client: Client, code: str, **arguments: Any) -> dict[str, Any]:
     return response.structured_content
 
 
+@pytest.fixture(scope="module", params=["pyodide", "subprocess"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The conformance suite runs once per backend."""
+    name: str = request.param
+    return name
+
+
 @pytest.fixture(scope="module")
-async def client(anyio_backend: str) -> AsyncIterator[Client]:
-    async with Client(server_params()) as connected:
+async def client(anyio_backend: str, backend: str) -> AsyncIterator[Client]:
+    async with Client(server_params(MCP_SANDBOX_BACKEND=backend)) as connected:
         yield connected
+
+
+def needs_pyodide(backend: str, why: str) -> None:
+    if backend != "pyodide":
+        pytest.skip(f"pyodide only: {why}")
 
 
 def free_port() -> int:

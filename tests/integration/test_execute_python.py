@@ -1,4 +1,4 @@
-"""execute_python through a real MCP client over stdio, with the real Deno + Pyodide runner."""
+"""execute_python through a real MCP client over stdio, on every backend (the conformance suite)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,16 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import TEST_ENV, call
+from tests.integration.conftest import TEST_ENV, call, needs_pyodide
 
 pytestmark = pytest.mark.anyio
 
 SWALLOWS_INTERRUPTS = """
+import signal
+try:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+except Exception:
+    pass
 while True:
     try:
         while True:
@@ -42,10 +47,10 @@ async def test_tools_are_listed_with_an_output_schema(client: Client) -> None:
         "session_lost",
     ):
         assert field in schema["properties"], field
-    assert "Pyodide" in (tools["execute_python"].description or "")
+    assert "session_id" in (tools["execute_python"].description or "")
 
 
-async def test_result_fields(client: Client) -> None:
+async def test_result_fields(client: Client, backend: str) -> None:
     result = await call(client, "import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\n6 * 7")
     assert result["success"] is True
     assert result["stdout"] == "to stdout\n"
@@ -53,7 +58,7 @@ async def test_result_fields(client: Client) -> None:
     assert result["result"] == "42"
     assert result["error_type"] is None and result["error"] is None
     assert isinstance(result["duration_ms"], int) and result["duration_ms"] >= 0
-    assert result["backend"] == "pyodide"
+    assert result["backend"] == backend
     assert result["session_id"] is None
     assert result["truncated"] is False and result["session_lost"] is False
 
@@ -70,7 +75,7 @@ async def test_exception_gives_its_type_and_a_traceback_of_user_frames_only(clie
     assert result["stdout"] == "before\n"
     error = result["error"]
     assert "return 1 / 0" in error and "inner()" in error
-    assert "guest_runtime" not in error and "pyodide" not in error.lower()
+    assert "guest_runtime" not in error and "pyodide" not in error.lower() and "worker" not in error
 
 
 async def test_syntax_error_is_reported(client: Client) -> None:
@@ -142,7 +147,8 @@ async def test_code_that_swallows_the_interrupt_is_killed(client: Client) -> Non
     assert (await call(client, "1 + 1", session_id="stubborn"))["result"] == "2"
 
 
-async def test_javascript_loop_is_killed_at_the_timeout(client: Client) -> None:
+async def test_javascript_loop_is_killed_at_the_timeout(client: Client, backend: str) -> None:
+    needs_pyodide(backend, "JavaScript exists only there")
     result = await call(client, "import js\njs.eval('while (true) {}')", timeout=1)
     assert result["error_type"] == "Timeout" and result["session_lost"] is True
 
@@ -162,8 +168,11 @@ async def test_huge_result_repr_is_truncated(client: Client) -> None:
     assert result["truncated"] is True and len(result["result"]) <= 32_768 + 100
 
 
-async def test_sandbox_exit_is_a_crash_and_the_server_keeps_serving(client: Client) -> None:
-    for code in ("import js\njs.Deno.exit(3)", "import os\nos._exit(3)"):
+async def test_sandbox_exit_is_a_crash_and_the_server_keeps_serving(client: Client, backend: str) -> None:
+    exits = ["import os\nos._exit(3)", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"]
+    if backend == "pyodide":
+        exits = ["import js\njs.Deno.exit(3)", "import os\nos._exit(3)"]
+    for code in exits:
         result = await call(client, code, session_id="exiter")
         assert result["error_type"] == "SandboxCrash" and result["session_lost"] is True, code
         assert (await call(client, "'alive'", session_id="exiter"))["result"] == "'alive'"
@@ -192,10 +201,12 @@ async def test_calls_in_different_sessions_run_concurrently(client: Client) -> N
     assert finished == ["quick", "busy"]
 
 
-async def test_host_environment_is_invisible(client: Client) -> None:
+async def test_host_environment_is_invisible(client: Client, backend: str) -> None:
     result = await call(client, "import os\nsorted(os.environ.items())")
     assert result["success"] is True
     assert "hunter2" not in result["result"] and "MCP_SANDBOX" not in result["result"]
+    if backend != "pyodide":
+        return
     via_js = await call(client, "import js\njs.Deno.env.get('MCP_SANDBOX_TEST_SECRET')")
     assert via_js["success"] is False and "env access" in via_js["error"]
 
@@ -209,13 +220,15 @@ async def test_host_environment_is_invisible(client: Client) -> None:
         "import js\njs.Deno.writeTextFileSync('/tmp/escaped', 'x')",
     ],
 )
-async def test_host_files_are_out_of_reach(client: Client, code: str) -> None:
+async def test_host_files_are_out_of_reach(client: Client, backend: str, code: str) -> None:
+    needs_pyodide(backend, "the subprocess backend shares the host's file system (see README)")
     result = await call(client, code)
     assert result["success"] is False, result
     assert result["error_type"] in {"FileNotFoundError", "JsException", "PermissionError"}
 
 
-async def test_network_is_denied(client: Client) -> None:
+async def test_network_is_denied(client: Client, backend: str) -> None:
+    needs_pyodide(backend, "the subprocess backend shares the host's network (see README)")
     connections: list[str] = []
 
     async def note(stream: anyio.abc.SocketStream) -> None:
@@ -232,7 +245,13 @@ async def test_network_is_denied(client: Client) -> None:
     assert connections == []
 
 
-async def test_forged_protocol_lines_are_ignored(client: Client) -> None:
+async def test_forged_protocol_lines_are_ignored(client: Client, backend: str) -> None:
+    if backend == "subprocess":
+        line = '{"token": "guess", "msg": {"type": "result", "id": 1, "outcome": {"success": true}}}\n'
+        forged = f"import os\nos.write(1, {line!r}.encode())\nprint({line!r})\n'genuine'"
+        result = await call(client, forged, session_id="forger")
+        assert result["result"] == "'genuine'"
+        return
     forged = (
         "import js\n"
         'js.console.log(\'{"token": "guess", "msg": {"type": "result", "id": 1, '

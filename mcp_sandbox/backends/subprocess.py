@@ -1,0 +1,81 @@
+"""The CPython fallback: each sandbox is a worker process of the server's own interpreter.
+
+It runs whatever the host has installed (numpy, pandas), under resource limits, with an empty
+environment and a private temporary directory. It is not isolated from the host's files or
+network: it is the fallback for when Deno is not available, not a wall.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import ClassVar
+
+import anyio
+import anyio.abc
+
+from mcp_sandbox.backends.base import Backend, Executor
+from mcp_sandbox.backends.process import ProcessExecutor, start_process_executor
+from mcp_sandbox.settings import Settings
+
+WORKER = Path(__file__).resolve().with_name("cpython_worker.py")
+
+
+class SubprocessBackend(Backend):
+    name: ClassVar[str] = "subprocess"
+
+    def __init__(self, settings: Settings, task_group: anyio.abc.TaskGroup) -> None:
+        self._settings = settings
+        self._task_group = task_group
+        self._limits = json.dumps(
+            {
+                "memory_mb": settings.memory_mb,
+                "cpu_seconds": settings.cpu_seconds,
+                "open_files": settings.max_open_files,
+                "file_mb": settings.max_file_mb,
+                "processes": settings.max_processes,
+            }
+        )
+
+    async def start(self) -> Executor:
+        workdir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-"))
+        # No host variable reaches the worker; single-threaded maths keeps it inside RLIMIT_AS.
+        env = {
+            "HOME": str(workdir),
+            "TMPDIR": str(workdir),
+            "LANG": "C.UTF-8",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "MPLBACKEND": "Agg",
+        }
+        command = [sys.executable, "-I", str(WORKER), self._limits]
+        process = await anyio.open_process(command, cwd=workdir, env=env, start_new_session=True)
+        executor = SubprocessExecutor(process, self._settings.max_output_chars, workdir)
+        return await start_process_executor(executor, self._task_group, self._settings.start_timeout)
+
+    def describe(self) -> str:
+        return (
+            f"Python {sys.version.split()[0]} runs in a separate CPython process with the server's "
+            f"packages (numpy and pandas where installed), limited to {self._settings.memory_mb} MB of "
+            "memory, with an empty environment and a private temporary working directory."
+        )
+
+
+class SubprocessExecutor(ProcessExecutor):
+    backend: ClassVar[str] = "subprocess"
+
+    def __init__(self, process: anyio.abc.Process, max_output_chars: int, workdir: Path) -> None:
+        super().__init__(process, max_output_chars)
+        self._workdir = workdir
+
+    async def interrupt(self) -> None:
+        if self._process.returncode is None:
+            self._process.send_signal(signal.SIGINT)
+
+    async def close(self) -> None:
+        await super().close()
+        shutil.rmtree(self._workdir, ignore_errors=True)

@@ -1,0 +1,106 @@
+"""What only the subprocess backend does: limits, an empty environment, pandas, its own files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+from mcp import Client
+
+from tests.integration.conftest import call, server_params
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+async def client(anyio_backend: str) -> AsyncIterator[Client]:
+    async with Client(
+        server_params(MCP_SANDBOX_BACKEND="subprocess", MCP_SANDBOX_MEMORY_MB="512")
+    ) as connected:
+        yield connected
+
+
+async def test_pandas_and_numpy_work_and_a_dataframe_reads_as_a_table(client: Client) -> None:
+    code = "import numpy as np, pandas as pd\npd.DataFrame({'x': np.arange(3), 'y': ['a', 'b', 'c']})"
+    result = await call(client, code)
+    assert result["success"] is True, result
+    assert result["result"].splitlines()[0].split() == ["x", "y"]
+    assert "2  c" in result["result"]
+
+
+async def test_a_big_dataframe_is_shown_bounded(client: Client) -> None:
+    result = await call(client, "import pandas as pd\npd.DataFrame({'n': range(100_000)})")
+    assert "..." in result["result"] and len(result["result"]) < 5_000
+
+
+async def test_memory_limit_gives_memory_error_and_the_session_survives(client: Client) -> None:
+    await call(client, "kept = 'yes'", session_id="hungry")
+    result = await call(client, "bytearray(2_000_000_000)", session_id="hungry")
+    assert result["error_type"] in {"MemoryError", "MemoryLimit"}
+    assert (await call(client, "kept", session_id="hungry"))["result"] == "'yes'"
+
+
+async def test_rlimits_are_set(client: Client) -> None:
+    code = (
+        "import resource\n"
+        "[resource.getrlimit(getattr(resource, name))[0] for name in "
+        "('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_NOFILE', 'RLIMIT_FSIZE')]"
+    )
+    limits = eval((await call(client, code))["result"])
+    assert limits == [512 * 1024 * 1024, 900, 256, 64 * 1024 * 1024]
+
+
+async def test_file_size_limit_is_enforced(client: Client) -> None:
+    result = await call(client, "open('big.bin', 'wb').write(b'0' * (65 * 1024 * 1024))")
+    assert result["success"] is False
+    assert result["error_type"] in {"OSError", "SandboxCrash"}
+
+
+async def test_environment_is_empty_of_host_variables(client: Client) -> None:
+    env = eval((await call(client, "import os\ndict(os.environ)"))["result"])
+    assert set(env) <= {"HOME", "TMPDIR", "LANG", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MPLBACKEND"}
+    assert "hunter2-host-secret" not in str(env)
+
+
+async def test_private_working_directory_is_removed_with_the_session(client: Client) -> None:
+    workdir = eval(
+        (await call(client, "import os\nopen('note.txt', 'w').write('x')\nos.getcwd()", session_id="tmp"))[
+            "result"
+        ]
+    )
+    assert os.path.isfile(os.path.join(workdir, "note.txt"))
+    other = eval((await call(client, "import os\nos.getcwd()", session_id="tmp-other"))["result"])
+    assert other != workdir
+    await client.call_tool("reset_session", {"session_id": "tmp"})
+    assert not os.path.exists(workdir)
+
+
+def worker_pids() -> set[int]:
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    if b"cpython_worker.py" in cmdline.read():
+                        pids.add(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+async def test_no_worker_is_left_after_the_server_exits() -> None:
+    before = worker_pids()
+    async with Client(server_params(MCP_SANDBOX_BACKEND="subprocess")) as client:
+        await call(client, "1", session_id="left")
+        assert worker_pids() - before, "the server should have workers while it runs"
+    with anyio.fail_after(10):
+        while worker_pids() - before:
+            await anyio.sleep(0.1)
+
+
+async def test_auto_falls_back_to_subprocess_when_deno_is_missing() -> None:
+    params = server_params(MCP_SANDBOX_BACKEND="auto", MCP_SANDBOX_DENO_PATH="/nonexistent/deno")
+    async with Client(params) as client:
+        assert (await call(client, "import sys\nsys.implementation.name"))["backend"] == "subprocess"
