@@ -63,19 +63,19 @@ class Executor(ABC):
         def elapsed_ms() -> int:
             return int((time.perf_counter() - started) * 1000)
 
+        def finished(outcome: GuestOutcome) -> ExecutionResult:
+            return ExecutionResult(**outcome.model_dump(), backend=self.backend, duration_ms=elapsed_ms())
+
         try:
             await self._submit(code, max_output_chars)
             with anyio.move_on_after(timeout):
-                outcome = (await self._await_outcome()).capped(max_output_chars)
-                return ExecutionResult(**outcome.model_dump(), backend=self.backend, duration_ms=elapsed_ms())
+                return finished((await self._await_outcome()).capped(max_output_chars))
             await self.interrupt()
             with anyio.move_on_after(grace):
                 outcome = (await self._await_outcome()).capped(max_output_chars)
                 if outcome.error_type != "KeyboardInterrupt":
                     # It finished on its own just as the deadline passed.
-                    return ExecutionResult(
-                        **outcome.model_dump(), backend=self.backend, duration_ms=elapsed_ms()
-                    )
+                    return finished(outcome)
                 return ExecutionResult.failure(
                     "Timeout",
                     f"Execution timed out after {timeout:g} s and was interrupted; "

@@ -59,7 +59,6 @@ def main() -> None:
     nowhere = os.open(os.devnull, os.O_RDWR)
     os.dup2(nowhere, 0)
     os.dup2(nowhere, 1)
-    sys.stdin = open(os.devnull)
     apply_limits(json.loads(sys.argv[1]))
     signal.signal(signal.SIGINT, on_interrupt)
 

@@ -15,12 +15,12 @@ import io
 import linecache
 import sys
 from collections.abc import Coroutine
+
+# Bound at import, so a program that patches json or traceback cannot break reporting.
 from json import dumps
 from traceback import format_exception, format_exception_only
 from types import CodeType, TracebackType
 from typing import Any
-
-# Names are bound at import so a program that patches json or traceback cannot break reporting.
 
 CELL_PREFIX = "<cell-"
 TRUNCATION_MARKER = "\n... [{cut:,} characters truncated] ...\n"
