@@ -33,8 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address for sse/http (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port for sse/http (default 8000)")
     serve.add_argument(
-        "--backend", choices=["auto", "pyodide", "subprocess"], help="overrides MCP_SANDBOX_BACKEND"
+        "--backend",
+        choices=["auto", "pyodide", "subprocess", "inprocess"],
+        help="overrides MCP_SANDBOX_BACKEND (inprocess: trusted code only)",
     )
+    serve.add_argument("--policy", choices=["off", "strict"], help="overrides MCP_SANDBOX_POLICY")
     serve.add_argument("--pool-size", type=int, help="overrides MCP_SANDBOX_POOL_SIZE")
     serve.add_argument(
         "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides MCP_SANDBOX_LOG_LEVEL"
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     overrides: dict[str, Any] = {
         name: value
-        for name in ("backend", "pool_size", "log_level")
+        for name in ("backend", "policy", "pool_size", "log_level")
         if (value := getattr(args, name, None)) is not None
     }
     try:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from mcp_sandbox import __version__
 from mcp_sandbox.backends.base import Backend
 from mcp_sandbox.backends.choice import prepare_backend
+from mcp_sandbox.backends.policy import policy_violation
 from mcp_sandbox.pool import PoolUnavailable, WarmPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import SessionLimitReached, SessionPool
@@ -137,6 +138,9 @@ def build_server(app: App) -> MCPServer:
                 f"code is {len(code):,} characters long; the limit is {settings.max_code_chars:,} "
                 "(MCP_SANDBOX_MAX_CODE_CHARS)"
             )
+        if settings.policy == "strict" and (reason := policy_violation(code)) is not None:
+            rejected = ExecutionResult.failure("Rejected", reason, backend=app.backend.name)
+            return rejected.model_copy(update={"session_id": session_id})
         try:
             return await app.sessions.run(
                 code, timeout=settings.clamp_timeout(timeout), session_id=session_id

@@ -9,7 +9,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-BackendName = Literal["auto", "pyodide", "subprocess"]
+BackendName = Literal["auto", "pyodide", "subprocess", "inprocess"]
+PolicyName = Literal["off", "strict"]
 
 
 def default_cache_dir() -> Path:
@@ -23,7 +24,14 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MCP_SANDBOX_", env_file=".env", extra="ignore")
 
     backend: BackendName = Field(
-        "auto", description="Which sandbox runs code: auto picks pyodide when Deno works, else subprocess."
+        "auto",
+        description="Which sandbox runs code: auto picks pyodide when Deno works, else subprocess; "
+        "inprocess is for trusted code only.",
+    )
+    policy: PolicyName = Field(
+        "off",
+        description="strict: reject code that imports outside an allowlist or uses escape-hatch builtins "
+        "and dunders, before it runs. Defense in depth, not a boundary.",
     )
     timeout: float = Field(30.0, gt=0, description="Default seconds a call may run.")
     max_timeout: float = Field(300.0, gt=0, description="Upper bound for a caller's `timeout`.")

@@ -7,6 +7,7 @@ import logging
 import anyio.abc
 
 from mcp_sandbox.backends.base import Backend, SandboxStartError
+from mcp_sandbox.backends.inprocess import InProcessBackend
 from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno
 from mcp_sandbox.backends.subprocess import SubprocessBackend
 from mcp_sandbox.settings import Settings
@@ -18,6 +19,8 @@ def create_backend(settings: Settings, task_group: anyio.abc.TaskGroup) -> Backe
     """The backend the settings ask for. Raises SandboxStartError when it cannot be had."""
     if settings.backend == "subprocess":
         return SubprocessBackend(settings, task_group)
+    if settings.backend == "inprocess":
+        return InProcessBackend(settings)
     deno = find_deno(settings)
     if deno is None:
         where = f"at {settings.deno_path}" if settings.deno_path else "(is the `deno` package installed?)"

@@ -14,7 +14,8 @@ import inspect
 import io
 import linecache
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 
 # Bound at import, so a program that patches json or traceback cannot break reporting.
 from json import dumps
@@ -146,28 +147,36 @@ class Session:
             return _outcome(stdout, stderr, max_output_chars, error=error)
         if program.is_async:
             return self._run_async(program, stdout, stderr, max_output_chars)
-        saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = stdout, stderr
         try:
-            value = program.run(self.namespace)
+            with self.capturing(stdout, stderr):
+                value = program.run(self.namespace)
         except BaseException as error:  # noqa: BLE001 - every failure is reported, not raised
             return _outcome(stdout, stderr, max_output_chars, error=error)
-        finally:
-            sys.stdout, sys.stderr = saved
         return _outcome(stdout, stderr, max_output_chars, value=value)
 
     async def _run_async(
         self, program: Program, stdout: CappedText, stderr: CappedText, max_output_chars: int
     ) -> dict[str, Any]:
+        try:
+            with self.capturing(stdout, stderr):
+                value = await program.run_async(self.namespace)
+        except BaseException as error:  # noqa: BLE001 - every failure is reported, not raised
+            return _outcome(stdout, stderr, max_output_chars, error=error)
+        return _outcome(stdout, stderr, max_output_chars, value=value)
+
+    @contextmanager
+    def capturing(self, stdout: CappedText, stderr: CappedText) -> Iterator[None]:
+        """Send the program's sys.stdout and sys.stderr to the run's streams.
+
+        A sandbox process has one program at a time, so swapping the sys attributes is enough;
+        the in-process executor overrides this to route per thread.
+        """
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = stdout, stderr
         try:
-            value = await program.run_async(self.namespace)
-        except BaseException as error:  # noqa: BLE001 - every failure is reported, not raised
-            return _outcome(stdout, stderr, max_output_chars, error=error)
+            yield
         finally:
             sys.stdout, sys.stderr = saved
-        return _outcome(stdout, stderr, max_output_chars, value=value)
 
 
 def _safe_repr(value: Any) -> str:

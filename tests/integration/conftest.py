@@ -34,7 +34,7 @@ async def call(client: Client, code: str, **arguments: Any) -> dict[str, Any]:
     return response.structured_content
 
 
-@pytest.fixture(scope="module", params=["pyodide", "subprocess"])
+@pytest.fixture(scope="module", params=["pyodide", "subprocess", "inprocess"])
 def backend(request: pytest.FixtureRequest) -> str:
     """The conformance suite runs once per backend."""
     name: str = request.param
@@ -50,6 +50,12 @@ async def client(anyio_backend: str, backend: str) -> AsyncIterator[Client]:
 def needs_pyodide(backend: str, why: str) -> None:
     if backend != "pyodide":
         pytest.skip(f"pyodide only: {why}")
+
+
+def needs_isolation(backend: str, why: str) -> None:
+    """Skip on inprocess, which shares the server's interpreter by design (trusted code only)."""
+    if backend == "inprocess":
+        pytest.skip(f"not on inprocess: {why}")
 
 
 def free_port() -> int:

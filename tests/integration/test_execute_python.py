@@ -9,19 +9,21 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import TEST_ENV, call, needs_pyodide
+from tests.integration.conftest import TEST_ENV, call, needs_isolation, needs_pyodide
 
 pytestmark = pytest.mark.anyio
 
+# Bounded, so a backend that cannot kill it (inprocess) gets its thread back after a while.
 SWALLOWS_INTERRUPTS = """
-import signal
+import signal, time
 try:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 except Exception:
     pass
-while True:
+end = time.monotonic() + 15
+while time.monotonic() < end:
     try:
-        while True:
+        while time.monotonic() < end:
             pass
     except BaseException:
         pass
@@ -99,7 +101,8 @@ async def test_sessions_keep_state_and_do_not_see_each_other(client: Client) -> 
     assert (await call(client, "secret", session_id="iso-a"))["session_id"] == "iso-a"
 
 
-async def test_calls_without_a_session_start_clean(client: Client) -> None:
+async def test_calls_without_a_session_start_clean(client: Client, backend: str) -> None:
+    needs_isolation(backend, "programs share the server's modules and builtins")
     tamper = "import builtins, sys\nbuiltins.planted = 1\nsys.modules['json'].dumps = None\nleft = 2"
     assert (await call(client, tamper))["success"]
     check = await call(
@@ -108,7 +111,8 @@ async def test_calls_without_a_session_start_clean(client: Client) -> None:
     assert check["result"] == "(False, False, False)"
 
 
-async def test_a_session_is_not_tainted_by_another_one(client: Client) -> None:
+async def test_a_session_is_not_tainted_by_another_one(client: Client, backend: str) -> None:
+    needs_isolation(backend, "sessions share the server's modules and builtins")
     await call(client, "import builtins\nbuiltins.len = lambda x: 0", session_id="taint-a")
     assert (await call(client, "len('abc')", session_id="taint-b"))["result"] == "3"
 
@@ -169,6 +173,7 @@ async def test_huge_result_repr_is_truncated(client: Client) -> None:
 
 
 async def test_sandbox_exit_is_a_crash_and_the_server_keeps_serving(client: Client, backend: str) -> None:
+    needs_isolation(backend, "os._exit there ends the server itself")
     exits = ["import os\nos._exit(3)", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"]
     if backend == "pyodide":
         exits = ["import js\njs.Deno.exit(3)", "import os\nos._exit(3)"]
@@ -202,6 +207,7 @@ async def test_calls_in_different_sessions_run_concurrently(client: Client) -> N
 
 
 async def test_host_environment_is_invisible(client: Client, backend: str) -> None:
+    needs_isolation(backend, "programs see the server's own environment")
     result = await call(client, "import os\nsorted(os.environ.items())")
     assert result["success"] is True
     assert "hunter2" not in result["result"] and "MCP_SANDBOX" not in result["result"]
@@ -221,14 +227,14 @@ async def test_host_environment_is_invisible(client: Client, backend: str) -> No
     ],
 )
 async def test_host_files_are_out_of_reach(client: Client, backend: str, code: str) -> None:
-    needs_pyodide(backend, "the subprocess backend shares the host's file system (see README)")
+    needs_pyodide(backend, "the CPython backends share the host's file system (see README)")
     result = await call(client, code)
     assert result["success"] is False, result
     assert result["error_type"] in {"FileNotFoundError", "JsException", "PermissionError"}
 
 
 async def test_network_is_denied(client: Client, backend: str) -> None:
-    needs_pyodide(backend, "the subprocess backend shares the host's network (see README)")
+    needs_pyodide(backend, "the CPython backends share the host's network (see README)")
     connections: list[str] = []
 
     async def note(stream: anyio.abc.SocketStream) -> None:
@@ -246,7 +252,7 @@ async def test_network_is_denied(client: Client, backend: str) -> None:
 
 
 async def test_forged_protocol_lines_are_ignored(client: Client, backend: str) -> None:
-    if backend == "subprocess":
+    if backend != "pyodide":
         line = '{"token": "guess", "msg": {"type": "result", "id": 1, "outcome": {"success": true}}}\n'
         forged = f"import os\nos.write(1, {line!r}.encode())\nprint({line!r})\n'genuine'"
         result = await call(client, forged, session_id="forger")

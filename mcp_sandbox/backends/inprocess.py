@@ -1,0 +1,259 @@
+"""The in-process backend: code runs in a thread of the server itself. For trusted code only.
+
+It is the fastest backend (no process to cross, nothing serialised) and it isolates nothing:
+the program shares the server's memory, modules, files, environment and network, and
+`os._exit` or a segfault in it ends the server. Each session owns one thread, so its state
+persists and sessions run side by side. A timeout raises KeyboardInterrupt in that thread,
+which stops pure-Python code; a thread that does not stop (a long C call, code that catches
+the interrupt) is discarded with its session and runs on until its code returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import itertools
+import logging
+import queue
+import sys
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from io import StringIO, TextIOBase
+from typing import Any, ClassVar, TextIO
+
+import anyio
+
+from mcp_sandbox.backends import guest_runtime
+from mcp_sandbox.backends.base import Backend, Executor, SandboxDied
+from mcp_sandbox.result import GuestOutcome
+from mcp_sandbox.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+_install_lock = threading.Lock()
+
+Stream = TextIO | TextIOBase
+
+
+class ThreadRoutedStream:
+    """Stands in for sys.stdout, sys.stderr or sys.stdin: each executor thread gets its own
+    stream, every other thread keeps the original one."""
+
+    def __init__(self, original: TextIO) -> None:
+        self._original = original
+        self._local = threading.local()
+
+    @property
+    def target(self) -> Stream:
+        routed: Stream | None = getattr(self._local, "target", None)
+        return routed if routed is not None else self._original
+
+    def route(self, target: Stream | None) -> None:
+        """Send this thread's use of the stream to `target`; None restores the original."""
+        self._local.target = target
+
+    def write(self, text: str) -> int:
+        return self.target.write(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def read(self, size: int = -1) -> str:
+        return self.target.read(size)
+
+    def readline(self, size: int = -1) -> str:
+        return self.target.readline(size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+
+def routed_stream(name: str) -> ThreadRoutedStream:
+    """sys.<name>, replaced by a ThreadRoutedStream unless it already is one."""
+    with _install_lock:
+        current = getattr(sys, name)
+        if not isinstance(current, ThreadRoutedStream):
+            current = ThreadRoutedStream(current)
+            setattr(sys, name, current)
+        return current
+
+
+class ThreadSession(guest_runtime.Session):
+    """A guest session whose output is captured per thread, since the server's other threads
+    (and other sessions) share sys.stdout."""
+
+    @contextmanager
+    def capturing(self, stdout: guest_runtime.CappedText, stderr: guest_runtime.CappedText) -> Iterator[None]:
+        # Looked up on every run: a program may have replaced sys.stdout with its own object.
+        streams: list[tuple[ThreadRoutedStream, Stream]] = [
+            (routed_stream("stdout"), stdout),
+            (routed_stream("stderr"), stderr),
+        ]
+        streams.append((routed_stream("stdin"), StringIO()))  # input() gets EOF, as in the other backends
+        for router, target in streams:
+            router.route(target)
+        try:
+            yield
+        finally:
+            for router, _ in streams:
+                router.route(None)
+
+
+def raise_in_thread(thread_id: int, error: type[BaseException] | None) -> None:
+    """Make `error` raise in the thread at its next bytecode; None withdraws a pending one."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(error) if error is not None else None
+    )
+
+
+@dataclass(eq=False)
+class _Job:
+    code: str
+    max_output_chars: int
+    wake_host: Callable[[], None]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    outcome: dict[str, Any] | None = None
+
+
+class InProcessExecutor(Executor):
+    """One session's thread, fed programs through a queue."""
+
+    backend: ClassVar[str] = "inprocess"
+
+    def __init__(self, name: str) -> None:
+        self._session = ThreadSession()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._job: _Job | None = None
+        # Guards `_running` and `_task`, so an interrupt can never land after the program ended.
+        self._state = threading.Lock()
+        self._running = False
+        self._interrupted = False
+        self._task: asyncio.Task[dict[str, Any]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._thread.is_alive()
+
+    async def _submit(self, code: str, max_output_chars: int) -> None:
+        if not self.alive:
+            raise SandboxDied("the in-process session thread is gone")
+        host_loop = asyncio.get_running_loop()
+        job = _Job(code, max_output_chars, wake_host=lambda: None)
+
+        def wake_host() -> None:
+            # call_soon_threadsafe never blocks this thread, even while the server shuts down.
+            with suppress(RuntimeError):
+                host_loop.call_soon_threadsafe(job.done.set)
+
+        job.wake_host = wake_host
+        self._job = job
+        self._jobs.put(job)
+
+    async def _await_outcome(self) -> GuestOutcome:
+        job = self._job
+        assert job is not None, "_submit comes first"
+        await job.done.wait()
+        if job.outcome is None:
+            raise SandboxDied("the in-process session thread failed")
+        return GuestOutcome.model_validate(job.outcome)
+
+    async def interrupt(self) -> None:
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        with self._state:
+            if not self._running or self._thread.ident is None:
+                return
+            self._interrupted = True
+            raise_in_thread(self._thread.ident, KeyboardInterrupt)
+            if self._task is not None and self._loop is not None:
+                # An awaiting program sleeps in the event loop, where no bytecode runs to raise in.
+                self._loop.call_soon_threadsafe(self._task.cancel)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._running:
+            self._interrupt()
+            logger.warning(
+                "in-process thread %s was still running when its session was discarded; "
+                "it was interrupted and ends when its code returns",
+                self._thread.name,
+            )
+        self._jobs.put(None)
+
+    # The executor thread.
+
+    def _serve(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        try:
+            while (job := self._jobs.get()) is not None:
+                try:
+                    job.outcome = self._execute(job)
+                except BaseException as error:  # noqa: BLE001 - an interrupt that landed outside the program
+                    job.outcome = job.outcome or _interrupted_outcome(error)
+                job.wake_host()
+        finally:
+            self._loop.close()
+
+    def _execute(self, job: _Job) -> dict[str, Any]:
+        with self._state:
+            self._running, self._interrupted = True, False
+        try:
+            outcome = self._session.run(job.code, job.max_output_chars)
+            if not isinstance(outcome, dict):
+                outcome = self._finish_async(outcome)
+            if self._interrupted and outcome["error_type"] == "CancelledError":
+                outcome["error_type"] = "KeyboardInterrupt"  # the cancel was our interrupt
+            return outcome
+        finally:
+            with self._state:
+                self._running = False
+                if self._thread.ident is not None:
+                    raise_in_thread(self._thread.ident, None)
+
+    def _finish_async(self, pending: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+        assert self._loop is not None
+        task = self._loop.create_task(pending)
+        with self._state:
+            self._task = task
+        try:
+            return self._loop.run_until_complete(task)
+        except BaseException:
+            # Interrupted in the loop itself: end the program now, so it cannot resume in a later call.
+            task.cancel()
+            with suppress(BaseException):
+                self._loop.run_until_complete(task)
+            raise
+        finally:
+            with self._state:
+                self._task = None
+
+
+def _interrupted_outcome(error: BaseException) -> dict[str, Any]:
+    return {"success": False, "error_type": type(error).__name__, "error": f"{type(error).__name__}"}
+
+
+class InProcessBackend(Backend):
+    name: ClassVar[str] = "inprocess"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._numbers = itertools.count(1)
+
+    async def start(self) -> Executor:
+        return InProcessExecutor(f"mcp-sandbox-inprocess-{next(self._numbers)}")
+
+    def describe(self) -> str:
+        return (
+            f"Python {sys.version.split()[0]} runs inside the server's own process (the in-process "
+            "backend, for trusted code only): it has the server's packages (numpy and pandas where "
+            "installed) and is not isolated from the host's files, network or environment."
+        )
