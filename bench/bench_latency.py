@@ -1,8 +1,9 @@
-"""Latency of execute_python: warm calls, a new session's first call, and a sandbox cold start.
+"""Latency of execute_python on each backend: warm calls, a new session's first call, cold start.
 
 Run from the repository root:  .venv/bin/python bench/bench_latency.py [--calls N] [--json PATH]
+                               [--backends pyodide,subprocess,inprocess]
 
-Everything is measured in one run on one machine, so the rows can be compared with each other.
+Everything is measured in one run on one machine, so the rows and columns can be compared.
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 from mcp import Client, StdioServerParameters
 
-from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version
+from mcp_sandbox.backends.base import Backend
+from mcp_sandbox.backends.choice import create_backend
+from mcp_sandbox.backends.pyodide import pyodide_version
 from mcp_sandbox.settings import Settings
 
+BACKENDS = ("pyodide", "subprocess", "inprocess")
 SERVER_ENV = {"MCP_SANDBOX_POOL_SIZE": "2", "MCP_SANDBOX_LOG_LEVEL": "WARNING"}
 CODE = "1 + 1"
 WARMUP_CALLS = 5
@@ -36,7 +41,7 @@ COLD_STARTS = 3
 # Upper bounds so a hung server or sandbox fails the run instead of stalling it.
 SERVER_PHASE_LIMIT_S = 120.0
 WARM_LOOP_LIMIT_S = 45.0
-COLD_PHASE_LIMIT_S = 60.0
+COLD_PHASE_LIMIT_S = 90.0
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
@@ -51,8 +56,9 @@ async def call(client: Client, session_id: str) -> tuple[float, int]:
     return elapsed_ms, int(result["duration_ms"])
 
 
-async def measure_server(calls: int) -> dict[str, Any]:
-    params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_sandbox"], env=SERVER_ENV)
+async def measure_server(backend: str, calls: int) -> dict[str, Any]:
+    env = {**SERVER_ENV, "MCP_SANDBOX_BACKEND": backend}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_sandbox"], env=env)
     with anyio.fail_after(SERVER_PHASE_LIMIT_S):
         async with Client(params) as client:
             for _ in range(WARMUP_CALLS):
@@ -90,50 +96,66 @@ async def measure_server(calls: int) -> dict[str, Any]:
     }
 
 
-async def measure_cold_start() -> dict[str, Any]:
-    samples: list[float] = []
+async def measure_executor(backend_name: str, calls: int) -> dict[str, Any]:
+    """Without MCP: cold starts, and warm `Executor.run` round trips, in this process."""
+    starts: list[float] = []
+    runs: list[float] = []
     with anyio.fail_after(COLD_PHASE_LIMIT_S):
         async with anyio.create_task_group() as tg:
-            settings = Settings()
-            deno = find_deno(settings)
-            if deno is None:
-                raise RuntimeError("no Deno binary found")
-            backend = PyodideBackend(settings, tg, deno)
+            backend: Backend = create_backend(Settings.model_validate({"backend": backend_name}), tg)
             await backend.prepare()
             for _ in range(COLD_STARTS):
                 started = time.perf_counter()
                 executor = await backend.start()
-                samples.append(time.perf_counter() - started)
+                starts.append(time.perf_counter() - started)
                 await executor.close()
-    return {"cold_start_samples_s": samples, "cold_start_median_s": statistics.median(samples)}
+            executor = await backend.start()
+            try:
+                for i in range(WARMUP_CALLS + calls):
+                    started = time.perf_counter()
+                    result = await executor.run(CODE, timeout=10, grace=1, max_output_chars=32_768)
+                    if i >= WARMUP_CALLS:
+                        runs.append((time.perf_counter() - started) * 1000)
+                    if not result.success:
+                        raise RuntimeError(f"{backend_name}: {result.error}")
+            finally:
+                await executor.close()
+    return {
+        "cold_start_samples_s": starts,
+        "cold_start_median_s": statistics.median(starts),
+        "executor_run_p50_ms": statistics.median(runs),
+    }
+
+
+ROWS: list[tuple[str, str, str]] = [
+    ("warm call p50 (MCP stdio round trip)", "warm_p50_ms", "{:.2f} ms"),
+    ("warm call p99", "warm_p99_ms", "{:.2f} ms"),
+    ("warm Executor.run p50 (no MCP)", "executor_run_p50_ms", "{:.3f} ms"),
+    ("new session, first call (median of 3)", "fresh_session_median_ms", "{:.2f} ms"),
+    ("cold start, spawn to ready (median of 3)", "cold_start_median_ms", "{:,.2f} ms"),
+    ("ratio cold start / warm p50", "cold_over_warm_p50", "{:,.2f}x"),
+    ("ratio warm p50 / pyodide warm p50", "warm_p50_vs_pyodide", "{:.2f}x"),
+]
 
 
 def table(r: dict[str, Any]) -> str:
-    rows = [
-        (f"warm call p50 ({r['warm_calls']} calls, MCP stdio round trip)", f"{r['warm_p50_ms']:.2f} ms"),
-        ("warm call p99", f"{r['warm_p99_ms']:.2f} ms"),
-        ("  server-side duration_ms, median (whole ms, truncated)", f"{r['server_duration_median_ms']:g} ms"),
-        (
-            "  server-side duration_ms under 1 ms",
-            f"{r['server_duration_ms_counts'].get(0, 0)}/{r['warm_calls']}",
-        ),
-        (
-            f"new session, first call from warm pool (median of {FRESH_SESSIONS})",
-            f"{r['fresh_session_median_ms']:.2f} ms",
-        ),
-        (f"cold start, spawn to ready (median of {COLD_STARTS})", f"{r['cold_start_median_s']:.2f} s"),
-        ("ratio cold start / warm p50", f"{r['cold_over_warm_p50']:,.0f}x"),
-        ("ratio new-session first call / warm p50", f"{r['fresh_over_warm_p50']:.1f}x"),
-    ]
-    width = max(len(name) for name, _ in rows)
+    names = [name for name in BACKENDS if name in r["backends"]]
     header = (
-        f"mcp-sandbox latency — {r['date']}\n"
+        f"mcp-sandbox latency — {r['date']}, code {r['code']!r}, {r['calls']} warm calls per backend\n"
         f"machine: {r['cpu_count']} CPUs, {r['platform']}, Python {r['python']}, Pyodide {r['pyodide']}\n"
     )
-    return header + "\n".join(f"{name:<{width}}  {value:>12}" for name, value in rows)
+    width = max(len(label) for label, _, _ in ROWS)
+    lines = [f"{'':<{width}}" + "".join(f"{name:>14}" for name in names)]
+    for label, key, fmt in ROWS:
+        cells = []
+        for name in names:
+            value = r["backends"][name].get(key)
+            cells.append(f"{fmt.format(value) if value is not None else '-':>14}")
+        lines.append(f"{label:<{width}}" + "".join(cells))
+    return header + "\n".join(lines)
 
 
-async def measure(calls: int) -> dict[str, Any]:
+async def measure(calls: int, backends: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
@@ -141,12 +163,21 @@ async def measure(calls: int) -> dict[str, Any]:
         "python": platform.python_version(),
         "pyodide": pyodide_version(),
         "code": CODE,
+        "calls": calls,
+        "backends": {},
     }
-    results |= await measure_server(calls)
-    # After the server has exited, so no pool refill competes with the starts for CPU.
-    results |= await measure_cold_start()
-    results["cold_over_warm_p50"] = results["cold_start_median_s"] * 1000 / results["warm_p50_ms"]
-    results["fresh_over_warm_p50"] = results["fresh_session_median_ms"] / results["warm_p50_ms"]
+    for name in backends:
+        print(f"measuring {name} ...", file=sys.stderr)
+        row = await measure_server(name, calls)
+        # After the server has exited, so no pool refill competes with the starts for CPU.
+        row |= await measure_executor(name, calls)
+        row["cold_start_median_ms"] = row["cold_start_median_s"] * 1000
+        row["cold_over_warm_p50"] = row["cold_start_median_ms"] / row["warm_p50_ms"]
+        results["backends"][name] = row
+    if "pyodide" in results["backends"]:
+        base = results["backends"]["pyodide"]["warm_p50_ms"]
+        for row in results["backends"].values():
+            row["warm_p50_vs_pyodide"] = row["warm_p50_ms"] / base
     return results
 
 
@@ -165,12 +196,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--json", type=Path, default=DEFAULT_JSON, help="results file (bench/results/latest.json)"
     )
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default: all three)")
     args = parser.parse_args()
     if not 2 <= args.calls <= 10_000:
         parser.error("--calls must be between 2 and 10000")
+    args.backends = [name.strip() for name in args.backends.split(",") if name.strip()]
+    if not args.backends or set(args.backends) - set(BACKENDS):
+        parser.error(f"--backends takes names from {', '.join(BACKENDS)}")
     return args
 
 
 if __name__ == "__main__":
     arguments = parse_args()
-    report(anyio.run(measure, arguments.calls), arguments.json)
+    report(anyio.run(measure, arguments.calls, arguments.backends), arguments.json)

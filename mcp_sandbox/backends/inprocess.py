@@ -248,6 +248,12 @@ class InProcessBackend(Backend):
         self._settings = settings
         self._numbers = itertools.count(1)
 
+    async def prepare(self) -> None:
+        logger.warning(
+            "inprocess backend: code runs inside this server's process with no isolation; "
+            "use it only for trusted code"
+        )
+
     async def start(self) -> Executor:
         return InProcessExecutor(f"mcp-sandbox-inprocess-{next(self._numbers)}")
 
