@@ -79,5 +79,55 @@ async def wait_for_port(port: int, process: anyio.abc.Process, limit: float = 60
             return
 
 
+def process_tree(root: int) -> dict[int, bytes]:
+    """`root` and every process below it, each with its command line (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    tree: dict[int, bytes] = {}
+    pending = [root]
+    while pending:
+        pid = pending.pop()
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                tree[pid] = cmdline.read()
+        except OSError:
+            continue
+        pending.extend(children.get(pid, []))
+    return tree
+
+
+def pid_with_environ(marker: str) -> int | None:
+    """The process whose environment contains `marker` (how a test finds its server process)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    if marker.encode() in environ.read():
+                        return int(entry)
+            except OSError:
+                continue
+    return None
+
+
+def still_running(processes: dict[int, bytes]) -> dict[int, bytes]:
+    """Those of `processes` that still exist with the same command line (a reused pid does not count)."""
+    alive = {}
+    for pid, command in processes.items():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if cmdline.read() == command:
+                    alive[pid] = command
+        except OSError:
+            continue
+    return alive
+
+
 def server_env(**extra: str) -> dict[str, str]:
     return {**os.environ, **TEST_ENV, **extra}

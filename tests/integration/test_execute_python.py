@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import anyio
 import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import TEST_ENV, call, needs_isolation, needs_pyodide
+from tests.integration.conftest import (
+    TEST_ENV,
+    call,
+    needs_isolation,
+    needs_pyodide,
+    pid_with_environ,
+    process_tree,
+    server_params,
+    still_running,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -266,3 +276,18 @@ async def test_forged_protocol_lines_are_ignored(client: Client, backend: str) -
     )
     result = await call(client, forged, session_id="forger")
     assert result["result"] == "'genuine'"
+
+
+async def test_nothing_is_left_running_after_the_server_exits(backend: str) -> None:
+    marker = f"MCP_SANDBOX_TEST_MARKER=exit-{uuid.uuid4().hex}"
+    name, value = marker.split("=")
+    async with Client(server_params(MCP_SANDBOX_BACKEND=backend, **{name: value})) as client:
+        await call(client, "1", session_id="kept-open")
+        server = pid_with_environ(marker)
+        assert server is not None, "the test could not find its server process"
+        tree = process_tree(server)
+        if backend != "inprocess":
+            assert len(tree) >= 3, f"a session and a warm pool of 2 should be running: {tree}"
+    with anyio.fail_after(15):
+        while still_running(tree):
+            await anyio.sleep(0.1)

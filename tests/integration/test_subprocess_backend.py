@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 
-import anyio
 import pytest
 from mcp import Client
 
@@ -62,29 +61,6 @@ async def test_private_working_directory_is_removed_with_the_session(client: Cli
     assert other != workdir
     await client.call_tool("reset_session", {"session_id": "tmp"})
     assert not os.path.exists(workdir)
-
-
-def worker_pids() -> set[int]:
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    if b"cpython_worker.py" in cmdline.read():
-                        pids.add(int(entry))
-            except OSError:
-                continue
-    return pids
-
-
-async def test_no_worker_is_left_after_the_server_exits() -> None:
-    before = worker_pids()
-    async with Client(server_params(MCP_SANDBOX_BACKEND="subprocess")) as client:
-        await call(client, "1", session_id="left")
-        assert worker_pids() - before, "the server should have workers while it runs"
-    with anyio.fail_after(10):
-        while worker_pids() - before:
-            await anyio.sleep(0.1)
 
 
 async def test_auto_falls_back_to_subprocess_when_deno_is_missing() -> None:
