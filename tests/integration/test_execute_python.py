@@ -150,10 +150,10 @@ async def test_timeout_interrupts_and_the_session_keeps_its_state(client: Client
 
 
 async def test_a_bare_busy_loop_times_out_within_seconds(client: Client) -> None:
-    started = time.monotonic()
     result = await call(client, "while True: pass", timeout=1)
     assert result["error_type"] == "Timeout" and result["success"] is False
-    assert time.monotonic() - started < 1 + float(TEST_ENV["MCP_SANDBOX_INTERRUPT_GRACE"]) + 2
+    # Server-side time, so waiting for a sandbox from a still-filling pool does not count.
+    assert result["duration_ms"] < (1 + float(TEST_ENV["MCP_SANDBOX_INTERRUPT_GRACE"]) + 1) * 1000
 
 
 async def test_code_that_swallows_the_interrupt_is_killed(client: Client) -> None:
