@@ -15,6 +15,42 @@ function post(id: number | null, json: string, exiting = false): void {
   postToMain({ id, json, exiting });
 }
 
+// Bridged tool calls (the guest runtime's ToolTransport). A blocking call sleeps in
+// Atomics.wait until the main thread has the reply (see runner.ts); an async one is a Promise
+// settled by a tool_result message, so several can be in flight under asyncio.gather.
+let syncState: Int32Array;
+let syncData: SharedArrayBuffer;
+let callNumber = 0;
+const asyncCalls = new Map<number, (reply: string) => void>();
+const decoder = new TextDecoder();
+
+function requestTool(call: number, server: string, tool: string, args: string, sync: boolean): void {
+  const json = JSON.stringify({ type: "tool_call", call, server, tool, arguments: args });
+  postToMain({ id: currentId, json, exiting: false, ...(sync ? { syncCall: call } : {}) });
+}
+
+const transport = {
+  call_sync(server: string, tool: string, args: string): string {
+    const call = ++callNumber;
+    Atomics.store(syncState, 0, 0);
+    requestTool(call, server, tool, args, true);
+    Atomics.wait(syncState, 0, 0);
+    if (Atomics.load(syncState, 0) !== 1) return '{"ok":false,"interrupted":true}';
+    const length = syncState[1];
+    // TextDecoder refuses views of shared memory, so the reply is copied out first.
+    const bytes = new Uint8Array(length);
+    bytes.set(new Uint8Array(syncData, 0, length));
+    return decoder.decode(bytes);
+  },
+  call_async(server: string, tool: string, args: string): Promise<string> {
+    const call = ++callNumber;
+    return new Promise((resolve) => {
+      asyncCalls.set(call, resolve);
+      requestTool(call, server, tool, args, false);
+    });
+  },
+};
+
 // Sandboxed code may end the worker itself (js.Deno.exit, js.close); a worker that ends
 // silently would leave the host waiting, so each way out says so first. The wrappers are
 // non-configurable: sandboxed code can neither replace nor unwrap them.
@@ -33,7 +69,12 @@ function announceExit(target: object, name: string): void {
 announceExit(Deno, "exit");
 announceExit(self, "close");
 
-async function init(guestRuntime: string, buffer: Uint8Array): Promise<void> {
+async function init(
+  guestRuntime: string,
+  buffer: Uint8Array,
+  state: Int32Array,
+  data: SharedArrayBuffer,
+): Promise<void> {
   const started = performance.now();
   pyodide = await loadPyodide({ env: { HOME: "/home/sandbox" } });
   interruptBuffer = buffer;
@@ -41,6 +82,11 @@ async function init(guestRuntime: string, buffer: Uint8Array): Promise<void> {
   const namespace = pyodide.globals.get("dict")();
   pyodide.runPython(guestRuntime, { globals: namespace, filename: "<guest_runtime>" });
   runProgram = namespace.get("run_program_json");
+  syncState = state;
+  syncData = data;
+  const installTransport = namespace.get("install_transport");
+  installTransport(transport);
+  installTransport.destroy();
   namespace.destroy();
   post(null, JSON.stringify({
     type: "ready",
@@ -49,12 +95,12 @@ async function init(guestRuntime: string, buffer: Uint8Array): Promise<void> {
   }));
 }
 
-async function run(id: number, code: string, maxOutputChars: number): Promise<void> {
+async function run(id: number, code: string, maxOutputChars: number, tools?: string): Promise<void> {
   interruptBuffer[0] = 0;
   currentId = id;
   let outcome: unknown;
   try {
-    outcome = runProgram(code, maxOutputChars);
+    outcome = runProgram(code, maxOutputChars, tools);
     if (typeof outcome !== "string") {
       // A program with top-level `await` comes back as an awaitable.
       const awaitable = outcome as Promise<string> & { destroy?: () => void };
@@ -75,11 +121,14 @@ self.onmessage = async (event: MessageEvent) => {
   const message = event.data;
   if (message.type === "init") {
     try {
-      await init(message.guest_runtime, message.interruptBuffer);
+      await init(message.guest_runtime, message.interruptBuffer, message.syncState, message.syncData);
     } catch (error) {
       post(null, JSON.stringify({ type: "fatal", message: `Pyodide failed to load: ${error}` }));
     }
   } else if (message.type === "run") {
-    await run(message.id, message.code, message.max_output_chars);
+    await run(message.id, message.code, message.max_output_chars, message.tools);
+  } else if (message.type === "tool_result") {
+    asyncCalls.get(message.call)?.(message.reply);
+    asyncCalls.delete(message.call);
   }
 };

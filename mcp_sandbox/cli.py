@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from mcp_sandbox import __version__
 from mcp_sandbox.backends.base import SandboxStartError
+from mcp_sandbox.bridge.config import BridgeConfigError
 from mcp_sandbox.server import App, build_server
 from mcp_sandbox.settings import Settings
 
@@ -38,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
         help="overrides MCP_SANDBOX_BACKEND (inprocess: trusted code only)",
     )
     serve.add_argument("--policy", choices=["off", "strict"], help="overrides MCP_SANDBOX_POLICY")
+    serve.add_argument(
+        "--bridge-config",
+        metavar="FILE",
+        help="upstream MCP servers file; overrides MCP_SANDBOX_BRIDGE_CONFIG",
+    )
     serve.add_argument("--pool-size", type=int, help="overrides MCP_SANDBOX_POOL_SIZE")
     serve.add_argument(
         "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides MCP_SANDBOX_LOG_LEVEL"
@@ -71,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     overrides: dict[str, Any] = {
         name: value
-        for name in ("backend", "policy", "pool_size", "log_level")
+        for name in ("backend", "policy", "bridge_config", "pool_size", "log_level")
         if (value := getattr(args, name, None)) is not None
     }
     try:
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         logger.warning("listening on %s: anyone who can reach this address can run code in the sandbox", host)
     try:
         anyio.run(serve, settings, transport, host, port)
-    except SandboxStartError as error:
+    except (SandboxStartError, BridgeConfigError) as error:
         sys.exit(f"mcp-sandbox: {error}")
     except KeyboardInterrupt:
         pass

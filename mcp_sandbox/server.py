@@ -17,6 +17,8 @@ from mcp_sandbox import __version__
 from mcp_sandbox.backends.base import Backend
 from mcp_sandbox.backends.choice import prepare_backend
 from mcp_sandbox.backends.policy import policy_violation
+from mcp_sandbox.bridge.config import load_bridge_config
+from mcp_sandbox.bridge.upstreams import ToolBridge
 from mcp_sandbox.pool import PoolUnavailable, WarmPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import SessionLimitReached, SessionPool
@@ -25,6 +27,8 @@ from mcp_sandbox.settings import Settings
 logger = logging.getLogger(__name__)
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+#: How long start-up waits for the upstream servers to list their tools (they keep trying after).
+BRIDGE_STARTUP_WAIT = 15.0
 
 
 class App:
@@ -40,6 +44,7 @@ class App:
         self._backend: Backend | None = None
         self._pool: WarmPool | None = None
         self._sessions: SessionPool | None = None
+        self.bridge: ToolBridge | None = None
 
     @property
     def backend(self) -> Backend:
@@ -55,6 +60,10 @@ class App:
         task_group = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._stop, task_group)
         try:
+            if self.settings.bridge_config is not None:
+                config = load_bridge_config(self.settings.bridge_config)
+                self.bridge = ToolBridge(config, self.settings.bridge_call_timeout)
+                await self.bridge.start(task_group, wait=BRIDGE_STARTUP_WAIT)
             self._backend = await prepare_backend(self.settings, task_group)
         except BaseException:
             await self._stack.aclose()
@@ -66,7 +75,7 @@ class App:
             acquire_timeout=self.settings.acquire_timeout,
         )
         self._pool.fill()
-        self._sessions = SessionPool(self._pool, self.settings, self._backend.name)
+        self._sessions = SessionPool(self._pool, self.settings, self._backend.name, self.bridge)
         task_group.start_soon(self._sessions.expire_idle)
         logger.info(
             "mcp-sandbox %s: %s backend, %d warm sandboxes",
@@ -95,6 +104,18 @@ class ResetResult(BaseModel):
     existed: bool = Field(description="False when there was no such session (nothing to reset).")
 
 
+class FoundTool(BaseModel):
+    signature: str = Field(description="How to call it from execute_python code.")
+    description: str
+    server: str = Field(description="The upstream server, as configured.")
+    tool: str = Field(description="The tool's name on that server.")
+
+
+class SearchResult(BaseModel):
+    tools: list[FoundTool]
+    total: int = Field(description="How many upstream tools there are in all.")
+
+
 def describe_execute_python(app: App) -> str:
     s = app.settings
     return (
@@ -106,7 +127,21 @@ def describe_execute_python(app: App) -> str:
         f"Sessions expire after {s.session_ttl:g} s idle; reset_session clears one. "
         f"A call times out after {s.timeout:g} s unless `timeout` says otherwise (at most "
         f"{s.max_timeout:g} s). stdout and stderr are capped at {s.max_output_chars} characters each, "
-        "keeping the beginning and the end."
+        "keeping the beginning and the end." + describe_bridge(app)
+    )
+
+
+def describe_bridge(app: App) -> str:
+    if app.bridge is None:
+        return ""
+    summary = app.bridge.summary()
+    listed = f" Available: {summary}." if summary else " (none has listed its tools yet)"
+    return (
+        " Code can call other MCP servers' tools as plain functions: "
+        "`tools.<server>.<tool>(**arguments)` returns the tool's structured result as dicts and lists "
+        "(or its text) and raises ToolError on failure; `await tools.<server>.<tool>_async(...)` with "
+        "asyncio.gather runs calls in parallel. Prefer one program that calls many tools and filters "
+        f"their results over many separate calls.{listed} Use search_tools to see signatures."
     )
 
 
@@ -154,11 +189,33 @@ def build_server(app: App) -> MCPServer:
         """Clear a session: its variables are dropped and its sandbox is stopped."""
         return ResetResult(session_id=session_id, existed=await app.sessions.reset(session_id))
 
+    async def search_tools(
+        query: Annotated[
+            str, Field(max_length=500, description="Words to look for in tool names and descriptions.")
+        ],
+        limit: Annotated[int, Field(ge=1, le=100, description="Most tools to return.")] = 10,
+    ) -> SearchResult:
+        """Find upstream MCP tools that code in execute_python can call, with their Python signatures.
+        An empty query lists the first `limit` tools."""
+        if app.bridge is None:
+            return SearchResult(tools=[], total=0)
+        found = [
+            FoundTool(
+                signature=spec.signature, description=spec.description, server=spec.server, tool=spec.name
+            )
+            for spec in app.bridge.search(query, limit)
+        ]
+        return SearchResult(tools=found, total=len(app.bridge.specs))
+
     server.add_tool(
         execute_python,
         description=describe_execute_python(app),
         annotations=ToolAnnotations(title="Run Python", read_only_hint=False, open_world_hint=False),
     )
+    if app.bridge is not None:
+        server.add_tool(
+            search_tools, annotations=ToolAnnotations(title="Search bridged tools", read_only_hint=True)
+        )
     server.add_tool(
         reset_session,
         annotations=ToolAnnotations(title="Reset a session", destructive_hint=True, idempotent_hint=True),

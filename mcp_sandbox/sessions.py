@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from mcp_sandbox.backends.base import Executor
+from mcp_sandbox.bridge.upstreams import ToolBridge
 from mcp_sandbox.pool import WarmPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
@@ -39,10 +40,13 @@ class SessionPool:
     one session run one at a time, calls in different sessions run side by side.
     """
 
-    def __init__(self, pool: WarmPool, settings: Settings, backend: str) -> None:
+    def __init__(
+        self, pool: WarmPool, settings: Settings, backend: str, bridge: ToolBridge | None = None
+    ) -> None:
         self._pool = pool
         self._settings = settings
         self._backend = backend
+        self._bridge = bridge
         self._sessions: dict[str, Session] = {}
 
     @property
@@ -88,6 +92,8 @@ class SessionPool:
             timeout=timeout,
             grace=self._settings.interrupt_grace,
             max_output_chars=self._settings.max_output_chars,
+            bridge=self._bridge,
+            max_tool_calls=self._settings.bridge_max_calls,
         )
 
     async def reset(self, session_id: str) -> bool:

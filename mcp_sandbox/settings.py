@@ -60,6 +60,13 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(
         default_factory=default_cache_dir, description="Where Deno keeps Pyodide (downloaded once)."
     )
+    bridge_config: Path | None = Field(
+        None,
+        description='JSON file of upstream MCP servers ({"mcpServers": ...}, as Claude Desktop\'s) '
+        "whose tools sandboxed code may call as tools.<server>.<tool>(...).",
+    )
+    bridge_call_timeout: float = Field(30.0, gt=0, description="Seconds one bridged tool call may take.")
+    bridge_max_calls: int = Field(1000, ge=1, description="Bridged tool calls one execution may make.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     def clamp_timeout(self, requested: float | None) -> float:

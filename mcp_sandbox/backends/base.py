@@ -9,6 +9,8 @@ from typing import ClassVar
 
 import anyio
 
+from mcp_sandbox.bridge.calls import ToolCalls
+from mcp_sandbox.bridge.upstreams import ToolBridge
 from mcp_sandbox.result import ExecutionResult, GuestOutcome, SandboxErrorType
 
 logger = logging.getLogger(__name__)
@@ -31,10 +33,15 @@ class Executor(ABC):
 
     Backends implement `_submit`, `_await_outcome`, `interrupt` and `close`; `run` holds the
     timeout policy so it is the same everywhere: at the deadline the program is interrupted,
-    and if it has not stopped after a grace period the sandbox is killed.
+    and if it has not stopped after a grace period the sandbox is killed. While `_await_outcome`
+    waits, it hands the program's bridged tool calls to `self.tool_calls`.
     """
 
     backend: ClassVar[str]
+    #: The bridged calls of the execution in progress.
+    tool_calls: ToolCalls
+    #: Which catalog version the guest's `tools` was built from (-1: none yet).
+    tools_version: int = -1
 
     @property
     @abstractmethod
@@ -42,8 +49,9 @@ class Executor(ABC):
         """False once the sandbox has died or been closed."""
 
     @abstractmethod
-    async def _submit(self, code: str, max_output_chars: int) -> None:
-        """Start running `code`; returns at once."""
+    async def _submit(self, code: str, max_output_chars: int, tools_manifest: str | None) -> None:
+        """Start running `code`, first rebuilding the guest's `tools` from `tools_manifest` when
+        it is given; returns at once."""
 
     @abstractmethod
     async def _await_outcome(self) -> GuestOutcome:
@@ -57,7 +65,31 @@ class Executor(ABC):
     async def close(self) -> None:
         """Stop the sandbox and free everything it holds. Safe to call twice."""
 
-    async def run(self, code: str, *, timeout: float, grace: float, max_output_chars: int) -> ExecutionResult:
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout: float,
+        grace: float,
+        max_output_chars: int,
+        bridge: ToolBridge | None = None,
+        max_tool_calls: int = 1000,
+    ) -> ExecutionResult:
+        async with anyio.create_task_group() as task_group:
+            self.tool_calls = ToolCalls(bridge, task_group, max_tool_calls)
+            manifest = None
+            if bridge is not None and bridge.version != self.tools_version:
+                manifest, self.tools_version = bridge.manifest_json, bridge.version
+            try:
+                result = await self._run(code, timeout, grace, max_output_chars, manifest)
+            finally:
+                # Bridged calls still pending when the execution ends are cancelled and answered.
+                self.tool_calls.cancel_all()
+        return result
+
+    async def _run(
+        self, code: str, timeout: float, grace: float, max_output_chars: int, manifest: str | None
+    ) -> ExecutionResult:
         started = time.perf_counter()
 
         def elapsed_ms() -> int:
@@ -67,10 +99,11 @@ class Executor(ABC):
             return ExecutionResult(**outcome.model_dump(), backend=self.backend, duration_ms=elapsed_ms())
 
         try:
-            await self._submit(code, max_output_chars)
+            await self._submit(code, max_output_chars, manifest)
             with anyio.move_on_after(timeout):
                 return finished((await self._await_outcome()).capped(max_output_chars))
             await self.interrupt()
+            self.tool_calls.cancel_all()
             with anyio.move_on_after(grace):
                 outcome = (await self._await_outcome()).capped(max_output_chars)
                 if outcome.error_type != "KeyboardInterrupt":

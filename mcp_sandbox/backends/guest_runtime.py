@@ -18,12 +18,14 @@ from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 
 # Bound at import, so a program that patches json or traceback cannot break reporting.
-from json import dumps
-from traceback import format_exception, format_exception_only
+from json import dumps, loads
+from traceback import StackSummary, TracebackException, format_exception_only
 from types import CodeType, TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 CELL_PREFIX = "<cell-"
+#: Where this file's own frames come from, so tracebacks can leave them out.
+RUNTIME_FILES = {"<guest_runtime>", globals().get("__file__")}
 TRUNCATION_MARKER = "\n... [{cut:,} characters truncated] ...\n"
 
 
@@ -127,7 +129,145 @@ def _user_traceback(error: BaseException) -> str:
         tb = tb.tb_next
     if isinstance(error, SyntaxError) or tb is None:
         return "".join(format_exception_only(type(error), error))
-    return "".join(format_exception(type(error), error, tb))
+    report = TracebackException(type(error), error, tb)
+    # The tool bridge's functions live here; the user's call into them is the frame that matters.
+    report.stack = StackSummary.from_list([f for f in report.stack if f.filename not in RUNTIME_FILES])
+    return "".join(report.format())
+
+
+class ToolError(Exception):
+    """A bridged tool call failed: the message is the upstream's, or the bridge's, reason."""
+
+
+ToolError.__module__ = "tools"  # shown as tools.ToolError, the name code can catch it by
+
+
+class ToolTransport(Protocol):
+    """How a sandbox carries bridged calls to the host; each runner provides one.
+
+    Both take (server, tool, arguments as JSON text) and give the host's reply as JSON text:
+    ``{"ok": true, "value": ...}``, ``{"ok": false, "error": "..."}``, or, when the execution
+    was interrupted while waiting, ``{"ok": false, "interrupted": true}``.
+    """
+
+    def call_sync(self, server: str, tool: str, arguments: str) -> str: ...
+
+    def call_async(self, server: str, tool: str, arguments: str) -> Any: ...
+
+
+_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
+_TYPES["None"] = type(None)
+
+
+def _annotation(text: str, optional: bool) -> Any:
+    names = text.split(" | ") + (["None"] if optional else [])
+    if any(name not in _TYPES for name in names):
+        return Any
+    annotation = _TYPES[names[0]]
+    for name in names[1:]:
+        annotation = annotation | _TYPES[name]
+    return annotation
+
+
+def _unpack(reply_text: str) -> Any:
+    reply = loads(reply_text)
+    if reply.get("ok"):
+        return reply.get("value")
+    if reply.get("interrupted"):
+        raise KeyboardInterrupt
+    raise ToolError(reply.get("error") or "the tool call failed")
+
+
+def _make_tool(spec: dict[str, Any], transport: ToolTransport) -> tuple[Any, Any]:
+    """The sync function and its async twin for one upstream tool, with a real signature."""
+    server, tool = spec["server_py"], spec["name_py"]
+    ordered = [p for p in spec["params"] if p["required"]] + [p for p in spec["params"] if not p["required"]]
+    parameters = [
+        inspect.Parameter(
+            p["py"],
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=inspect.Parameter.empty if p["required"] else None,
+            annotation=_annotation(p["annotation"], not p["required"]),
+        )
+        for p in ordered
+    ]
+    signature = inspect.Signature(parameters)
+    upstream_names = {p["py"]: p["name"] for p in ordered}
+    optional = {p["py"] for p in ordered if not p["required"]}
+
+    def encode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"tools.{server}.{tool}{signature}: {error}") from None
+        arguments = {
+            upstream_names[k]: v for k, v in bound.arguments.items() if not (v is None and k in optional)
+        }
+        try:
+            return dumps(arguments)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"arguments to tools.{server}.{tool} must be JSON data: {error}") from None
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return _unpack(transport.call_sync(server, tool, encode(args, kwargs)))
+
+    async def call_async(*args: Any, **kwargs: Any) -> Any:
+        return _unpack(await transport.call_async(server, tool, encode(args, kwargs)))
+
+    functions: tuple[Any, Any] = (call, call_async)
+    for function, name in zip(functions, (tool, tool + "_async"), strict=True):
+        function.__name__ = function.__qualname__ = name
+        function.__doc__ = spec["doc"]
+        function.__module__ = f"tools.{server}"
+        function.__signature__ = signature  # help() and inspect show the tool's parameters
+    return functions
+
+
+class ServerTools:
+    """The tools of one upstream server: `tools.<server>.<tool>(...)`."""
+
+    def __init__(self, name: str, functions: dict[str, Any]) -> None:
+        self.__dict__.update(functions)
+        self._server = name
+
+    def __repr__(self) -> str:
+        names = [n for n in vars(self) if not n.startswith("_") and not n.endswith("_async")]
+        return f"<tools.{self._server}: {', '.join(names)}>"
+
+    def __getattr__(self, name: str) -> Any:
+        tools = [n for n in vars(self) if not n.startswith("_") and not n.endswith("_async")]
+        raise AttributeError(f"the {self._server} server has no tool {name!r}; it has: {', '.join(tools)}")
+
+
+class Tools:
+    """The upstream MCP servers' tools: call ``tools.<server>.<tool>(**arguments)``, or
+    ``await tools.<server>.<tool>_async(...)`` to run several at once with asyncio.gather.
+    ``help(tools.<server>.<tool>)`` shows a tool's parameters; failures raise ToolError."""
+
+    ToolError = ToolError
+
+    def __init__(self, servers: dict[str, ServerTools]) -> None:
+        self.__dict__.update(servers)
+
+    def __repr__(self) -> str:
+        servers = [repr(v) for k, v in vars(self).items() if isinstance(v, ServerTools)]
+        return "\n".join(servers) if servers else "<tools: no upstream MCP servers are configured>"
+
+    def __getattr__(self, name: str) -> Any:
+        servers = [k for k, v in vars(self).items() if isinstance(v, ServerTools)]
+        known = f"the configured servers are: {', '.join(servers)}" if servers else "none is configured"
+        raise AttributeError(f"there is no upstream MCP server {name!r}; {known}")
+
+
+def build_tools(manifest: list[dict[str, Any]], transport: ToolTransport | None) -> Tools:
+    servers: dict[str, dict[str, Any]] = {}
+    if transport is not None:
+        for spec in manifest:
+            call, call_async = _make_tool(spec, transport)
+            functions = servers.setdefault(spec["server_py"], {})
+            functions[spec["name_py"]] = call
+            functions[spec["name_py"] + "_async"] = call_async
+    return Tools({name: ServerTools(name, functions) for name, functions in servers.items()})
 
 
 class Session:
@@ -135,7 +275,13 @@ class Session:
 
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        self.namespace["tools"] = Tools({})
+        self.namespace["ToolError"] = ToolError
         self.cells = 0
+
+    def install_tools(self, manifest_json: str, transport: ToolTransport | None) -> None:
+        """Give the session's `tools` the upstream tools listed in ``manifest_json``."""
+        self.namespace["tools"] = build_tools(loads(manifest_json), transport)
 
     def run(self, code: str, max_output_chars: int) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
         """Run ``code``; returns the outcome, or a coroutine for it when the code awaits."""
@@ -220,10 +366,21 @@ def _outcome(
 
 
 _session = Session()
+_transport: ToolTransport | None = None
 
 
-def run_program_json(code: str, max_output_chars: int) -> str | Coroutine[Any, Any, str]:
-    """Entry point for runners that speak JSON (the Pyodide worker)."""
+def install_transport(transport: ToolTransport) -> None:
+    """Called once by a runner that can carry bridged calls to the host."""
+    global _transport
+    _transport = transport
+
+
+def run_program_json(
+    code: str, max_output_chars: int, tools_manifest: str | None = None
+) -> str | Coroutine[Any, Any, str]:
+    """Entry point for runners that speak JSON (the Pyodide worker, the CPython worker)."""
+    if tools_manifest is not None:
+        _session.install_tools(tools_manifest, _transport)
     outcome = _session.run(code, max_output_chars)
     if isinstance(outcome, dict):
         return dumps(outcome)

@@ -27,6 +27,7 @@ import anyio
 
 from mcp_sandbox.backends import guest_runtime
 from mcp_sandbox.backends.base import Backend, Executor, SandboxDied
+from mcp_sandbox.bridge.upstreams import reply_error
 from mcp_sandbox.result import GuestOutcome
 from mcp_sandbox.settings import Settings
 
@@ -108,10 +109,67 @@ def raise_in_thread(thread_id: int, error: type[BaseException] | None) -> None:
     )
 
 
+class HostTransport:
+    """Carries a session thread's bridged tool calls to the server's event loop and back."""
+
+    def __init__(self, executor: InProcessExecutor) -> None:
+        self._executor = executor
+        self._numbers = itertools.count(1)
+
+    def _request(self, server: str, tool: str, arguments: str, resolve: Callable[[str], None]) -> None:
+        call = next(self._numbers)
+
+        async def deliver(_call: int, reply: str) -> None:
+            resolve(reply)
+
+        def begin() -> None:  # on the server's loop
+            try:
+                self._executor.tool_calls.start(call, server, tool, arguments, deliver)
+            except RuntimeError:  # the execution's task group has closed
+                resolve(reply_error("the execution ended before this tool call started"))
+
+        loop = self._executor.host_loop
+        try:
+            if loop is None:
+                raise RuntimeError("no execution is running")
+            loop.call_soon_threadsafe(begin)
+        except RuntimeError as error:
+            resolve(reply_error(f"the tool call could not reach the server: {error}"))
+
+    def call_sync(self, server: str, tool: str, arguments: str) -> str:
+        replies: list[str] = []
+        done = threading.Event()
+
+        def resolve(reply: str) -> None:
+            replies.append(reply)
+            done.set()
+
+        self._request(server, tool, arguments, resolve)
+        # A timeout cancels the call on the host, whose reply ends this wait; then the interrupt lands.
+        done.wait()
+        return replies[0]
+
+    def call_async(self, server: str, tool: str, arguments: str) -> asyncio.Future[str]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+
+        def settle(reply: str) -> None:
+            if not future.done():
+                future.set_result(reply)
+
+        def resolve(reply: str) -> None:
+            with suppress(RuntimeError):  # the session's loop is closed: nobody is waiting
+                loop.call_soon_threadsafe(settle, reply)
+
+        self._request(server, tool, arguments, resolve)
+        return future
+
+
 @dataclass(eq=False)
 class _Job:
     code: str
     max_output_chars: int
+    tools_manifest: str | None
     wake_host: Callable[[], None]
     done: anyio.Event = field(default_factory=anyio.Event)
     outcome: dict[str, Any] | None = None
@@ -133,6 +191,8 @@ class InProcessExecutor(Executor):
         self._task: asyncio.Task[dict[str, Any]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._transport = HostTransport(self)
+        self.host_loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -140,11 +200,11 @@ class InProcessExecutor(Executor):
     def alive(self) -> bool:
         return not self._closed and self._thread.is_alive()
 
-    async def _submit(self, code: str, max_output_chars: int) -> None:
+    async def _submit(self, code: str, max_output_chars: int, tools_manifest: str | None) -> None:
         if not self.alive:
             raise SandboxDied("the in-process session thread is gone")
-        host_loop = asyncio.get_running_loop()
-        job = _Job(code, max_output_chars, wake_host=lambda: None)
+        self.host_loop = host_loop = asyncio.get_running_loop()
+        job = _Job(code, max_output_chars, tools_manifest, wake_host=lambda: None)
 
         def wake_host() -> None:
             # call_soon_threadsafe never blocks this thread, even while the server shuts down.
@@ -207,6 +267,8 @@ class InProcessExecutor(Executor):
         with self._state:
             self._running, self._interrupted = True, False
         try:
+            if job.tools_manifest is not None:
+                self._session.install_tools(job.tools_manifest, self._transport)
             outcome = self._session.run(job.code, job.max_output_chars)
             if not isinstance(outcome, dict):
                 outcome = self._finish_async(outcome)

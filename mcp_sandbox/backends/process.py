@@ -76,11 +76,17 @@ class ProcessExecutor(Executor):
             raise SandboxDied(str(message.get("message", message)))
         logger.debug("%s sandbox %d ready", self.backend, self.pid)
 
-    async def _submit(self, code: str, max_output_chars: int) -> None:
+    async def _submit(self, code: str, max_output_chars: int, tools_manifest: str | None) -> None:
         self._run_id += 1
-        await self._send(
-            {"type": "run", "id": self._run_id, "code": code, "max_output_chars": max_output_chars}
-        )
+        message: protocol.RunMessage = {
+            "type": "run",
+            "id": self._run_id,
+            "code": code,
+            "max_output_chars": max_output_chars,
+        }
+        if tools_manifest is not None:
+            message["tools"] = tools_manifest
+        await self._send(message)
 
     async def _await_outcome(self) -> GuestOutcome:
         while True:
@@ -95,7 +101,18 @@ class ProcessExecutor(Executor):
                 raise SandboxDied(f"the sandbox crashed: {message.get('message')}")
             if kind == "fatal":
                 raise SandboxDied(f"the sandbox runner failed: {message.get('message')}")
+            if kind == "tool_call" and isinstance(call := message.get("call"), int):
+                self.tool_calls.start(
+                    call,
+                    str(message.get("server")),
+                    str(message.get("tool")),
+                    str(message.get("arguments")),
+                    self._deliver_tool_result,
+                )
             # Anything else is stale or forged by the sandbox itself: it only concerns this run.
+
+    async def _deliver_tool_result(self, call: int, reply: str) -> None:
+        await self._send({"type": "tool_result", "call": call, "reply": reply})
 
     async def interrupt(self) -> None:
         try:

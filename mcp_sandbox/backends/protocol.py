@@ -1,4 +1,5 @@
-"""The messages between the host (this package) and the Deno runner (deno/runner.ts).
+"""The messages between the host (this package) and a sandbox runner: the Deno runner
+(deno/runner.ts) and the CPython worker (cpython_worker.py) speak the same protocol.
 
 Transport: one JSON object per line, host -> runner on the runner's stdin, runner -> host on
 its stdout. Every runner line is an envelope ``{"token": <str>, "msg": <message>}``; the token
@@ -9,10 +10,16 @@ sandboxed code never runs there, so a line the sandbox prints itself (``console.
 Host -> runner:
     init       {type, token, guest_runtime}   first line, once: the token and the Python
                                               source of guest_runtime.py to load into Pyodide.
-    run        {type, id, code, max_output_chars}
-                                              run a program in the session's interpreter.
+    run        {type, id, code, max_output_chars, tools?}
+                                              run a program in the session's interpreter;
+                                              ``tools`` (JSON text, a list of
+                                              catalog.ToolSpec) replaces the guest's `tools`
+                                              first, sent only when the catalog changed.
     interrupt  {type, id}                     raise KeyboardInterrupt in run ``id`` if it is
                                               still running (ignored otherwise).
+    tool_result {type, call, reply}           the answer to ``tool_call`` number ``call``:
+                                              reply is JSON text, {"ok": true, "value": ...}
+                                              or {"ok": false, "error": "..."}.
 
 Runner -> host:
     ready      {type, pyodide_version, load_ms}   Pyodide is loaded; runs may be sent.
@@ -20,6 +27,11 @@ Runner -> host:
     crashed    {type, id, message}                Pyodide itself failed during run ``id``;
                                                   the sandbox is unusable.
     fatal      {type, message}                    the runner cannot go on (load failure).
+    tool_call  {type, call, server, tool, arguments}
+                                                  sandboxed code calls tools.<server>.<tool>;
+                                                  arguments is JSON text; ``call`` numbers the
+                                                  calls of one sandbox. Answered by tool_result,
+                                                  possibly out of order (async calls overlap).
 
 Closing the runner's stdin asks it to exit.
 """
@@ -28,7 +40,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, Required, TypedDict
 
 
 class InitMessage(TypedDict):
@@ -37,11 +49,12 @@ class InitMessage(TypedDict):
     guest_runtime: str
 
 
-class RunMessage(TypedDict):
-    type: Literal["run"]
-    id: int
-    code: str
-    max_output_chars: int
+class RunMessage(TypedDict, total=False):
+    type: Required[Literal["run"]]
+    id: Required[int]
+    code: Required[str]
+    max_output_chars: Required[int]
+    tools: str
 
 
 class InterruptMessage(TypedDict):
@@ -49,7 +62,13 @@ class InterruptMessage(TypedDict):
     id: int
 
 
-HostMessage = InitMessage | RunMessage | InterruptMessage
+class ToolResultMessage(TypedDict):
+    type: Literal["tool_result"]
+    call: int
+    reply: str
+
+
+HostMessage = InitMessage | RunMessage | InterruptMessage | ToolResultMessage
 
 
 def encode(message: HostMessage) -> bytes:

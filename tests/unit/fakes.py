@@ -29,7 +29,7 @@ class FakeExecutor(Executor):
     def alive(self) -> bool:
         return not self.closed
 
-    async def _submit(self, code: str, max_output_chars: int) -> None:
+    async def _submit(self, code: str, max_output_chars: int, tools_manifest: str | None) -> None:
         self._code = code
 
     async def _await_outcome(self) -> GuestOutcome:

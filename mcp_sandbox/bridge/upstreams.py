@@ -1,0 +1,254 @@
+"""The host side of the bridge: connections to the upstream MCP servers, and calls through them.
+
+Sandboxed code never talks to an upstream itself. Its call arrives over the sandbox's existing
+channel as (server, tool, arguments), is looked up here among the configured upstreams'
+listed tools, and only then sent; anything else is refused. Replies go back as one JSON text,
+`{"ok": true, "value": ...}` or `{"ok": false, "error": "..."}`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+from mcp import Client, StdioServerParameters
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import CallToolResult, TextContent
+
+from mcp_sandbox.bridge.catalog import ToolSpec, python_name, search, tool_spec
+from mcp_sandbox.bridge.config import BridgeConfig, StdioUpstream, Upstream
+
+logger = logging.getLogger(__name__)
+
+#: Largest reply (JSON bytes) a bridged call may hand to the sandbox.
+MAX_REPLY_BYTES = 8 * 1024 * 1024
+#: How long a call waits for an upstream that is reconnecting.
+RECONNECT_WAIT = 5.0
+MAX_BACKOFF = 30.0
+
+
+def reply_ok(value: Any) -> str:
+    return json.dumps({"ok": True, "value": value}, ensure_ascii=False)
+
+
+def reply_error(message: str) -> str:
+    return json.dumps({"ok": False, "error": message}, ensure_ascii=False)
+
+
+class UpstreamConnection:
+    """One upstream server, kept connected by `maintain` and reconnected after it fails."""
+
+    def __init__(self, name: str, name_py: str, config: Upstream, on_change: Any) -> None:
+        self.name = name
+        self.name_py = name_py
+        self.config = config
+        self.client: Client | None = None
+        self.specs: list[ToolSpec] = []
+        self.last_error: str | None = None
+        self._on_change = on_change
+        self._connected = anyio.Event()
+        self._broken = anyio.Event()
+
+    @asynccontextmanager
+    async def _open(self) -> AsyncIterator[Client]:
+        config = self.config
+        if isinstance(config, StdioUpstream):
+            params = StdioServerParameters(
+                command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
+            )
+            async with Client(params) as client:
+                yield client
+        elif config.is_sse:
+            async with Client(sse_client(config.url, headers=config.headers or None)) as client:
+                yield client
+        else:
+            http = create_mcp_http_client(headers=config.headers or None)
+            async with http, Client(streamable_http_client(config.url, http_client=http)) as client:
+                yield client
+
+    async def _list_tools(self, client: Client) -> list[ToolSpec]:
+        specs: list[ToolSpec] = []
+        taken: set[str] = set()
+        cursor: str | None = None
+        for _ in range(100):  # pages; bounded so a server that loops its cursor cannot hang us
+            listing = await client.list_tools(cursor=cursor)
+            for tool in listing.tools:
+                name_py = python_name(tool.name, taken)
+                taken.add(name_py + "_async")  # each tool's async twin takes that name too
+                specs.append(
+                    tool_spec(
+                        self.name,
+                        self.name_py,
+                        tool.name,
+                        name_py,
+                        tool.description,
+                        tool.input_schema,
+                        tool.output_schema,
+                    )
+                )
+            cursor = listing.next_cursor
+            if not cursor:
+                break
+        return specs
+
+    async def maintain(self) -> None:
+        """Connect, list the tools, wait until the connection breaks, and start again."""
+        backoff = 0.5
+        while True:
+            try:
+                async with self._open() as client:
+                    self.specs = await self._list_tools(client)
+                    self.client, self.last_error = client, None
+                    self._on_change()
+                    logger.info("upstream %r connected: %d tools", self.name, len(self.specs))
+                    self._connected.set()
+                    backoff = 0.5
+                    await self._broken.wait()
+            except Exception as error:  # noqa: BLE001 - any failure of an upstream means reconnect
+                self.last_error = _describe(error)
+                logger.warning(
+                    "upstream %r unavailable (%s); retrying in %.1f s", self.name, self.last_error, backoff
+                )
+            finally:
+                self.client = None
+                self._connected = anyio.Event()
+                self._broken = anyio.Event()
+            await anyio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+
+    async def wait_connected(self, limit: float) -> Client | None:
+        with anyio.move_on_after(limit):
+            await self._connected.wait()
+        return self.client
+
+    def mark_broken(self) -> None:
+        self._broken.set()
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, BaseExceptionGroup) and error.exceptions:
+        return _describe(error.exceptions[0])
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _text(result: CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+def _tool_value(result: CallToolResult, spec: ToolSpec) -> Any:
+    structured = result.structured_content
+    if structured is not None:
+        if spec.unwrap_result and isinstance(structured, dict) and set(structured) == {"result"}:
+            return structured["result"]
+        return structured
+    return _text(result) if any(isinstance(b, TextContent) for b in result.content) else None
+
+
+class ToolBridge:
+    """Every configured upstream, the catalog of their tools, and calls to them."""
+
+    def __init__(self, config: BridgeConfig, call_timeout: float) -> None:
+        self.call_timeout = call_timeout
+        taken: set[str] = {"ToolError"}
+        self.connections = {
+            (
+                conn := UpstreamConnection(name, python_name(name, taken), upstream, self._changed)
+            ).name_py: conn
+            for name, upstream in config.servers.items()
+        }
+        #: Bumped whenever the catalog changes, so executors know to refresh the guest's `tools`.
+        self.version = 0
+        self.manifest_json = "[]"
+        self._specs: dict[tuple[str, str], ToolSpec] = {}
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        return list(self._specs.values())
+
+    def _changed(self) -> None:
+        self._specs = {
+            (spec.server_py, spec.name_py): spec for conn in self.connections.values() for spec in conn.specs
+        }
+        self.manifest_json = json.dumps([spec.manifest() for spec in self._specs.values()])
+        self.version += 1
+
+    async def start(self, task_group: anyio.abc.TaskGroup, wait: float) -> None:
+        """Start every connection and wait (up to `wait` s) for them to list their tools."""
+        for conn in self.connections.values():
+            task_group.start_soon(conn.maintain, name=f"upstream {conn.name}")
+        with anyio.move_on_after(wait):
+            for conn in self.connections.values():
+                await conn.wait_connected(wait)
+        missing = [conn.name for conn in self.connections.values() if conn.client is None]
+        logger.info(
+            "tool bridge: %d upstreams, %d tools%s",
+            len(self.connections),
+            len(self._specs),
+            f"; still connecting: {', '.join(missing)}" if missing else "",
+        )
+
+    async def call(self, server_py: str, tool_py: str, arguments: Any) -> str:
+        """Call one upstream tool; the reply as JSON text. Never raises except on cancellation."""
+        spec = self._specs.get((server_py, tool_py))
+        conn = self.connections.get(server_py)
+        if conn is None or spec is None:
+            return reply_error(f"there is no upstream tool tools.{server_py}.{tool_py}")
+        if not isinstance(arguments, dict):
+            return reply_error("arguments must be a JSON object")
+        client = conn.client or await conn.wait_connected(min(RECONNECT_WAIT, self.call_timeout))
+        if client is None:
+            detail = f" ({conn.last_error})" if conn.last_error else ""
+            return reply_error(f"upstream {conn.name!r} is not connected{detail}; it is being retried")
+        try:
+            with anyio.fail_after(self.call_timeout):
+                result = await client.call_tool(spec.name, arguments)
+        except TimeoutError:
+            return reply_error(
+                f"{conn.name}.{spec.name} timed out after {self.call_timeout:g} s "
+                "(MCP_SANDBOX_BRIDGE_CALL_TIMEOUT)"
+            )
+        except MCPError as error:
+            return reply_error(f"{conn.name}.{spec.name} failed: {error}")
+        except Exception as error:  # noqa: BLE001 - a broken connection: report it and reconnect
+            conn.mark_broken()
+            return reply_error(f"{conn.name}.{spec.name} failed: upstream disconnected ({_describe(error)})")
+        if result.is_error:
+            return reply_error(_text(result) or f"{conn.name}.{spec.name} reported an error")
+        try:
+            reply = reply_ok(_tool_value(result, spec))
+        except (TypeError, ValueError) as error:
+            return reply_error(f"{conn.name}.{spec.name} returned data that is not JSON: {error}")
+        if len(reply) > MAX_REPLY_BYTES:
+            return reply_error(
+                f"{conn.name}.{spec.name} returned {len(reply):,} characters; the bridge passes at most "
+                f"{MAX_REPLY_BYTES:,}"
+            )
+        return reply
+
+    def search(self, query: str, limit: int) -> list[ToolSpec]:
+        return search(self.specs, query, limit)
+
+    def summary(self, limit: int = 40) -> str:
+        """A short list for the execute_python description: server: tool, tool, ..."""
+        if not self._specs:
+            return ""
+        by_server: dict[str, list[str]] = {}
+        for spec in self._specs.values():
+            by_server.setdefault(spec.server_py, []).append(spec.name_py)
+        shown = 0
+        parts = []
+        for server, names in by_server.items():
+            room = max(limit - shown, 0)
+            listed = names[:room]
+            shown += len(listed)
+            more = f" and {len(names) - len(listed)} more" if len(names) > len(listed) else ""
+            parts.append(f"{server}: {', '.join(listed)}{more}")
+        return "; ".join(parts)

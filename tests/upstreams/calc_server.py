@@ -1,0 +1,83 @@
+"""A real upstream MCP server for the bridge tests: `python -m tests.upstreams.calc_server [stdio | http PORT]`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
+
+app = MCPServer("calc")
+
+
+class Sum(BaseModel):
+    sum: int
+
+
+@app.tool()
+def add(
+    a: Annotated[int, Field(description="The first addend.")], b: Annotated[int, Field(description="The second.")]
+) -> Sum:
+    """Add two integers."""
+    return Sum(sum=a + b)
+
+
+@app.tool(structured_output=False)
+def shout(text: str, times: int = 1) -> str:
+    """Upper-case some text, repeated."""
+    return " ".join([text.upper()] * times)
+
+
+@app.tool()
+def numbers(count: int) -> list[int]:
+    """The integers from 0 below count."""
+    return list(range(count))
+
+
+@app.tool()
+def fail(message: str) -> str:
+    """Always fails with the given message."""
+    raise ToolError(message)
+
+
+@app.tool()
+async def slow(seconds: float) -> str:
+    """Sleep, then answer."""
+    await anyio.sleep(seconds)
+    return "slept"
+
+
+@app.tool()
+def crash() -> str:
+    """The server process dies mid-call."""
+    os._exit(3)
+
+
+@app.tool(name="get-weather")
+def get_weather(city: str) -> dict[str, str]:
+    """A tool whose name is not a Python identifier."""
+    return {"city": city, "sky": "clear"}
+
+
+@app.tool(name="class")
+def class_(kind: str) -> str:
+    """A tool named like a Python keyword."""
+    return f"class {kind}"
+
+
+@app.tool()
+def whoami() -> dict[str, str | None]:
+    """Where this server runs: its pid and the marker in its environment."""
+    return {"pid": str(os.getpid()), "marker": os.environ.get("CALC_MARKER")}
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
+    if mode == "http":
+        app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        app.run("stdio")
