@@ -35,7 +35,12 @@ const transport = {
     Atomics.store(syncState, 0, 0);
     requestTool(call, server, tool, args, true);
     Atomics.wait(syncState, 0, 0);
-    if (Atomics.load(syncState, 0) !== 1) return '{"ok":false,"interrupted":true}';
+    if (Atomics.load(syncState, 0) !== 1) {
+      // The guest raises KeyboardInterrupt itself; a buffer left set would raise a second one
+      // later, inside the runtime's own reporting.
+      interruptBuffer[0] = 0;
+      return '{"ok":false,"interrupted":true}';
+    }
     const length = syncState[1];
     // TextDecoder refuses views of shared memory, so the reply is copied out first.
     const bytes = new Uint8Array(length);

@@ -21,7 +21,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent
 
 from mcp_sandbox.bridge.catalog import ToolSpec, python_name, search, tool_spec
 from mcp_sandbox.bridge.config import BridgeConfig, StdioUpstream, Upstream
@@ -216,6 +216,9 @@ class ToolBridge:
                 "(MCP_SANDBOX_BRIDGE_CALL_TIMEOUT)"
             )
         except MCPError as error:
+            if error.code == CONNECTION_CLOSED:
+                conn.mark_broken()
+                return reply_error(f"{conn.name}.{spec.name} failed: the upstream disconnected ({error})")
             return reply_error(f"{conn.name}.{spec.name} failed: {error}")
         except Exception as error:  # noqa: BLE001 - a broken connection: report it and reconnect
             conn.mark_broken()

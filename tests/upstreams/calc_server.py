@@ -1,4 +1,4 @@
-"""A real upstream MCP server for the bridge tests: `python -m tests.upstreams.calc_server [stdio | http PORT]`."""
+"""A real upstream MCP server for the bridge tests: `python -m tests.upstreams.calc_server [http PORT]`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ class Sum(BaseModel):
 
 @app.tool()
 def add(
-    a: Annotated[int, Field(description="The first addend.")], b: Annotated[int, Field(description="The second.")]
+    a: Annotated[int, Field(description="The first addend.")],
+    b: Annotated[int, Field(description="The second.")],
 ) -> Sum:
     """Add two integers."""
     return Sum(sum=a + b)

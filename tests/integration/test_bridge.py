@@ -1,0 +1,215 @@
+"""The tool bridge, end to end: real upstream MCP servers (stdio and streamable HTTP, started
+here), the real server process, a real MCP client, on every backend."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from tests.integration.conftest import call, free_port, server_params
+
+pytestmark = pytest.mark.anyio
+
+REPO = Path(__file__).resolve().parents[2]
+CALL_TIMEOUT = 3  # MCP_SANDBOX_BRIDGE_CALL_TIMEOUT of the server under test
+MAX_CALLS = 250  # MCP_SANDBOX_BRIDGE_MAX_CALLS of the server under test
+
+
+def stdio_upstream(marker: str) -> dict[str, object]:
+    return {
+        "command": sys.executable,
+        "args": ["-m", "tests.upstreams.calc_server"],
+        "cwd": str(REPO),
+        "env": {"CALC_MARKER": marker},
+    }
+
+
+@pytest.fixture(scope="module")
+def http_upstream() -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.upstreams.calc_server", "http", str(port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        anyio.run(_wait_http, port, process)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+async def _wait_http(port: int, process: subprocess.Popen[bytes]) -> None:
+    with anyio.fail_after(30):
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError("the HTTP upstream exited")
+            try:
+                await (await anyio.connect_tcp("127.0.0.1", port)).aclose()
+                return
+            except OSError:
+                await anyio.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def bridge_config(tmp_path_factory: pytest.TempPathFactory, http_upstream: str) -> Path:
+    config = {
+        "mcpServers": {
+            "calc": stdio_upstream("stdio-calc"),
+            "web-calc": {"url": http_upstream},
+            "fragile": stdio_upstream("fragile"),
+        }
+    }
+    path = tmp_path_factory.mktemp("bridge") / "upstreams.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+async def client(anyio_backend: str, backend: str, bridge_config: Path) -> AsyncIterator[Client]:
+    params = server_params(
+        MCP_SANDBOX_BACKEND=backend,
+        MCP_SANDBOX_BRIDGE_CONFIG=str(bridge_config),
+        MCP_SANDBOX_BRIDGE_CALL_TIMEOUT=str(CALL_TIMEOUT),
+        MCP_SANDBOX_BRIDGE_MAX_CALLS=str(MAX_CALLS),
+    )
+    async with Client(params) as connected:
+        yield connected
+
+
+async def test_two_hundred_calls_in_one_program(client: Client) -> None:
+    result = await call(client, "print(sum(tools.calc.add(a=i, b=1)['sum'] for i in range(200)))")
+    assert result["success"] is True, result
+    assert result["stdout"] == "20100\n"
+
+
+async def test_http_upstream(client: Client) -> None:
+    result = await call(client, "tools.web_calc.add(a=2, b=3), tools.web_calc.whoami()['marker']")
+    assert result["result"] == "({'sum': 5}, None)", result
+
+
+async def test_return_types_and_names(client: Client) -> None:
+    code = (
+        "(tools.calc.shout(text='hi', times=2), tools.calc.numbers(count=3), "
+        "tools.calc.get_weather(city='Oslo'), tools.calc.class_(kind='x'))"
+    )
+    result = await call(client, code)
+    assert result["result"] == "('HI HI', [0, 1, 2], {'city': 'Oslo', 'sky': 'clear'}, 'class x')", result
+
+
+async def test_upstream_error_raises_tool_error_with_its_message(client: Client) -> None:
+    result = await call(client, "tools.calc.fail(message='the upstream says no')")
+    assert result["error_type"] == "ToolError"
+    assert "the upstream says no" in result["error"]
+    assert "guest_runtime" not in result["error"]
+    caught = await call(
+        client, "try:\n    tools.calc.fail(message='x')\nexcept ToolError as e:\n    r = 'caught'\nr"
+    )
+    assert caught["result"] == "'caught'"
+
+
+async def test_signatures_and_docstrings(client: Client) -> None:
+    code = "import inspect\n(str(inspect.signature(tools.calc.add)), tools.calc.add.__doc__)"
+    result = await call(client, code)
+    signature, doc = eval(result["result"])
+    assert signature == "(a: int, b: int)"
+    assert "Add two integers." in doc and "a (int): The first addend." in doc
+    shout = await call(client, "import inspect\nstr(inspect.signature(tools.calc.shout))")
+    assert shout["result"] == "'(text: str, times: int | None = None)'"
+    wrong = await call(client, "tools.calc.add(1)")
+    assert wrong["error_type"] == "TypeError" and "missing a required argument: 'b'" in wrong["error"]
+    unknown = await call(client, "tools.calc.subtract")
+    assert unknown["error_type"] == "AttributeError" and "add" in unknown["error"]
+
+
+async def test_search_tools_and_the_description(client: Client) -> None:
+    found = await client.call_tool("search_tools", {"query": "weather city"})
+    assert found.structured_content is not None
+    first = found.structured_content["tools"][0]
+    assert first["signature"].startswith("tools.") and "get_weather(city: str)" in first["signature"]
+    assert first["tool"] == "get-weather"
+    assert found.structured_content["total"] == 3 * 9
+    described = {tool.name: tool.description for tool in (await client.list_tools()).tools}
+    assert "calc: add" in (described["execute_python"] or "")
+
+
+async def test_async_calls_run_in_parallel(client: Client) -> None:
+    code = (
+        "import asyncio\n"
+        "replies = await asyncio.gather(*[tools.calc.slow_async(seconds=0.5) for _ in range(6)])\n"
+        "replies"
+    )
+    result = await call(client, code)
+    assert result["result"] == repr(["slept"] * 6), result
+    assert result["duration_ms"] < 2_500, "six 0.5 s calls in parallel, not one after another"
+
+
+async def test_a_hanging_upstream_call_times_out(client: Client) -> None:
+    result = await call(client, "tools.calc.slow(seconds=30)", timeout=20)
+    assert result["error_type"] == "ToolError"
+    assert f"timed out after {CALL_TIMEOUT} s" in result["error"]
+    assert result["duration_ms"] < (CALL_TIMEOUT + 3) * 1000
+    assert (await call(client, "tools.calc.add(a=1, b=1)"))["result"] == "{'sum': 2}"
+
+
+async def test_execution_timeout_cancels_a_pending_call(client: Client) -> None:
+    await call(client, "kept = 'yes'", session_id="bridged")
+    result = await call(client, "tools.calc.slow(seconds=2.5)", session_id="bridged", timeout=1)
+    assert result["error_type"] == "Timeout"
+    assert result["duration_ms"] < 4_000
+    after = await call(client, "kept, tools.calc.add(a=2, b=2)", session_id="bridged")
+    assert after["result"] == "('yes', {'sum': 4})", after
+
+
+async def test_call_limit_per_execution(client: Client) -> None:
+    code = (
+        "done = 0\n"
+        "try:\n"
+        f"    for i in range({MAX_CALLS + 10}):\n"
+        "        tools.calc.add(a=i, b=0)\n"
+        "        done += 1\n"
+        "except ToolError as error:\n"
+        "    message = str(error)\n"
+        "done, message"
+    )
+    result = await call(client, code)
+    done, message = eval(result["result"])
+    assert done == MAX_CALLS and "MCP_SANDBOX_BRIDGE_MAX_CALLS" in message
+
+
+async def test_only_configured_tools_are_reachable(client: Client, backend: str) -> None:
+    # Reach past the generated functions to the raw transport and ask for anything else.
+    code = (
+        "transport = next(c.cell_contents for c in tools.calc.add.__closure__\n"
+        "                 if hasattr(c.cell_contents, 'call_sync'))\n"
+        "[transport.call_sync(server, tool, '{}') for server, tool in\n"
+        "    [('calc', 'missing'), ('nowhere', 'add'), ('calc', '__class__'), ('../calc', 'add')]]"
+    )
+    result = await call(client, code)
+    assert result["success"] is True, result
+    replies = [json.loads(reply) for reply in eval(result["result"])]
+    assert all(reply["ok"] is False and "no upstream tool" in reply["error"] for reply in replies), replies
+
+
+async def test_an_upstream_that_crashes_mid_call_is_reconnected(client: Client) -> None:
+    before = await call(client, "tools.fragile.whoami()['pid']")
+    crashed = await call(client, "tools.fragile.crash()")
+    assert crashed["error_type"] == "ToolError", crashed
+    recovered = None
+    with anyio.fail_after(30):
+        while recovered is None:
+            attempt = await call(client, "tools.fragile.whoami()['pid']")
+            if attempt["success"]:
+                recovered = attempt["result"]
+            else:
+                await anyio.sleep(0.5)
+    assert recovered != before["result"], "a new upstream process answers"
