@@ -32,7 +32,7 @@ def python_name(name: str, taken: set[str] | None = None) -> str:
     candidate = _NOT_IDENTIFIER.sub("_", name) or "_"
     if candidate[0].isdigit():
         candidate = "_" + candidate
-    if keyword.iskeyword(candidate) or keyword.issoftkeyword(candidate):
+    if keyword.iskeyword(candidate):
         candidate += "_"
     if taken is None:
         return candidate

@@ -31,21 +31,32 @@ def stdio_upstream(marker: str) -> dict[str, object]:
     }
 
 
-@pytest.fixture(scope="module")
-def http_upstream() -> Iterator[str]:
+def start_upstream(mode: str) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.upstreams.calc_server", "http", str(port)],
+        [sys.executable, "-m", "tests.upstreams.calc_server", mode, str(port)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    anyio.run(_wait_http, port, process)
+    return process, port
+
+
+@pytest.fixture(scope="module")
+def http_upstreams() -> Iterator[tuple[str, str]]:
+    """A streamable HTTP upstream and an SSE one, on 127.0.0.1."""
+    started: list[subprocess.Popen[bytes]] = []
     try:
-        anyio.run(_wait_http, port, process)
-        yield f"http://127.0.0.1:{port}/mcp"
+        http, http_port = start_upstream("http")
+        started.append(http)
+        sse, sse_port = start_upstream("sse")
+        started.append(sse)
+        yield f"http://127.0.0.1:{http_port}/mcp", f"http://127.0.0.1:{sse_port}/sse"
     finally:
-        process.kill()
-        process.wait(10)
+        for process in started:
+            process.kill()
+            process.wait(10)
 
 
 async def _wait_http(port: int, process: subprocess.Popen[bytes]) -> None:
@@ -61,11 +72,13 @@ async def _wait_http(port: int, process: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="module")
-def bridge_config(tmp_path_factory: pytest.TempPathFactory, http_upstream: str) -> Path:
+def bridge_config(tmp_path_factory: pytest.TempPathFactory, http_upstreams: tuple[str, str]) -> Path:
+    http_url, sse_url = http_upstreams
     config = {
         "mcpServers": {
             "calc": stdio_upstream("stdio-calc"),
-            "web-calc": {"url": http_upstream},
+            "web-calc": {"url": http_url},
+            "sse calc": {"url": sse_url},
             "fragile": stdio_upstream("fragile"),
         }
     }
@@ -92,9 +105,9 @@ async def test_two_hundred_calls_in_one_program(client: Client) -> None:
     assert result["stdout"] == "20100\n"
 
 
-async def test_http_upstream(client: Client) -> None:
-    result = await call(client, "tools.web_calc.add(a=2, b=3), tools.web_calc.whoami()['marker']")
-    assert result["result"] == "({'sum': 5}, None)", result
+async def test_http_and_sse_upstreams(client: Client) -> None:
+    result = await call(client, "tools.web_calc.add(a=2, b=3), tools.sse_calc.add(a=4, b=5)")
+    assert result["result"] == "({'sum': 5}, {'sum': 9})", result
 
 
 async def test_return_types_and_names(client: Client) -> None:
@@ -137,7 +150,7 @@ async def test_search_tools_and_the_description(client: Client) -> None:
     first = found.structured_content["tools"][0]
     assert first["signature"].startswith("tools.") and "get_weather(city: str)" in first["signature"]
     assert first["tool"] == "get-weather"
-    assert found.structured_content["total"] == 3 * 9
+    assert found.structured_content["total"] == 4 * 9
     described = {tool.name: tool.description for tool in (await client.list_tools()).tools}
     assert "calc: add" in (described["execute_python"] or "")
 

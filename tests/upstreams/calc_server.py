@@ -1,4 +1,7 @@
-"""A real upstream MCP server for the bridge tests: `python -m tests.upstreams.calc_server [http PORT]`."""
+"""A real upstream MCP server for the bridge tests.
+
+`python -m tests.upstreams.calc_server` serves stdio; add `http PORT` or `sse PORT` for those.
+"""
 
 from __future__ import annotations
 
@@ -80,5 +83,7 @@ if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     if mode == "http":
         app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    elif mode == "sse":
+        app.run("sse", host="127.0.0.1", port=int(sys.argv[2]))
     else:
         app.run("stdio")

@@ -1,0 +1,129 @@
+"""Naming, signatures, search and config parsing of the tool bridge."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcp_sandbox.bridge.catalog import python_name, search, tool_spec
+from mcp_sandbox.bridge.config import BridgeConfigError, StdioUpstream, UrlUpstream, load_bridge_config
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("add", "add"),
+        ("get-weather", "get_weather"),
+        ("web.search v2", "web_search_v2"),
+        ("2fa", "_2fa"),
+        ("class", "class_"),
+        ("match", "match"),  # a soft keyword is a valid name
+        ("", "_"),
+        ("naïve", "na_ve"),
+    ],
+)
+def test_python_name(name: str, expected: str) -> None:
+    assert python_name(name) == expected
+
+
+def test_python_name_keeps_names_unique() -> None:
+    taken: set[str] = set()
+    assert [python_name(n, taken) for n in ("a-b", "a_b", "a.b")] == ["a_b", "a_b_2", "a_b_3"]
+
+
+def test_spec_signature_and_doc() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "What to find."},
+            "limit": {"type": "integer"},
+            "from": {"type": ["string", "null"]},
+            "filters": {"anyOf": [{"type": "object"}, {"type": "array"}]},
+            "blob": {},
+        },
+        "required": ["query"],
+    }
+    spec = tool_spec("docs", "docs", "find-docs", "find_docs", "Search the docs.", schema)
+    assert spec.signature == (
+        "tools.docs.find_docs(query: str, limit: int | None = None, from_: str | None | None = None, "
+        "filters: dict | list | None = None, blob: Any | None = None)"
+    )
+    assert spec.doc.startswith("Search the docs.\n\nArgs:\n    query (str): What to find.")
+    assert [p.name for p in spec.params][2] == "from"  # sent upstream under its own name
+
+
+def test_a_result_only_output_schema_is_unwrapped() -> None:
+    wrapped = {"type": "object", "properties": {"result": {"type": "array"}}, "required": ["result"]}
+    assert tool_spec("s", "s", "t", "t", None, {}, wrapped).unwrap_result is True
+    assert tool_spec("s", "s", "t", "t", None, {}, {"properties": {"sum": {}}}).unwrap_result is False
+
+
+def test_search_ranks_name_matches_first() -> None:
+    specs = [
+        tool_spec("a", "a", "list_files", "list_files", "List the files in a folder.", {}),
+        tool_spec("a", "a", "weather", "weather", "Forecast for a city.", {}),
+        tool_spec("b", "b", "read", "read", "Read one of the files.", {}),
+    ]
+    assert [s.name for s in search(specs, "files", 10)] == ["list_files", "read"]
+    assert [s.name for s in search(specs, "city weather", 1)] == ["weather"]
+    assert search(specs, "zebra", 10) == []
+
+
+def test_config_in_claude_desktop_format(tmp_path: Path) -> None:
+    path = tmp_path / "servers.json"
+    servers = {
+        "files": {"command": "npx", "args": ["-y", "server"], "env": {"KEY": "v"}},
+        "web": {"url": "http://127.0.0.1:9000/mcp"},
+        "old": {"url": "http://127.0.0.1:9001/sse"},
+    }
+    path.write_text(json.dumps({"mcpServers": servers, "globalShortcut": ""}))
+    config = load_bridge_config(path)
+    assert isinstance(config.servers["files"], StdioUpstream) and config.servers["files"].env == {"KEY": "v"}
+    web, old = config.servers["web"], config.servers["old"]
+    assert isinstance(web, UrlUpstream) and not web.is_sse
+    assert isinstance(old, UrlUpstream) and old.is_sse
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read"),
+        ("{not json", "is not JSON"),
+        ('{"servers": {}}', "mcpServers"),
+        ('{"mcpServers": {"x": {"args": []}}}', "needs a `command` or an http(s) `url`"),
+        ('{"mcpServers": {"x": {"url": "ftp://host"}}}', "bad server entry"),
+    ],
+)
+def test_config_errors_say_what_is_wrong(tmp_path: Path, content: str | None, message: str) -> None:
+    path = tmp_path / "servers.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(BridgeConfigError, match=re.escape(message)):
+        load_bridge_config(path)
+
+
+def test_the_server_refuses_to_start_with_a_bad_config(tmp_path: Path) -> None:
+    path = tmp_path / "servers.json"
+    path.write_text("{not json")
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mcp_sandbox",
+            "serve",
+            "--backend",
+            "inprocess",
+            "--bridge-config",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode != 0
+    assert "is not JSON" in completed.stderr and "Traceback" not in completed.stderr
