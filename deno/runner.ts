@@ -6,7 +6,7 @@
 // lines on stdout: code in the worker can write to stdout, but cannot forge a token.
 
 type HostMessage =
-  | { type: "init"; token: string; guest_runtime: string }
+  | { type: "init"; token: string; guest_runtime: string; data_dir?: string; packages_dir?: string }
   | { type: "run"; id: number; code: string; max_output_chars: number; tools?: string }
   | { type: "interrupt"; id: number }
   | { type: "tool_result"; call: number; reply: string };
@@ -55,7 +55,7 @@ function send(payload: string): void {
 
 let worker: Worker | null = null;
 
-function startWorker(guestRuntime: string): Worker {
+function startWorker(init: Extract<HostMessage, { type: "init" }>): Worker {
   const started = new Worker(new URL("./worker.ts", import.meta.url), { type: "module" });
   started.onmessage = (event: MessageEvent<WorkerMessage>) => {
     if (event.data.syncCall !== undefined) pendingSyncCall = event.data.syncCall;
@@ -69,7 +69,15 @@ function startWorker(guestRuntime: string): Worker {
     send(JSON.stringify({ type: "fatal", message: `worker error: ${event.message}` }));
     Deno.exit(70);
   };
-  started.postMessage({ type: "init", guest_runtime: guestRuntime, interruptBuffer, syncState, syncData });
+  started.postMessage({
+    type: "init",
+    guest_runtime: init.guest_runtime,
+    interruptBuffer,
+    syncState,
+    syncData,
+    dataDir: init.data_dir,
+    packagesDir: init.packages_dir,
+  });
   return started;
 }
 
@@ -77,7 +85,7 @@ function handle(message: HostMessage): void {
   switch (message.type) {
     case "init":
       token = message.token;
-      worker ??= startWorker(message.guest_runtime);
+      worker ??= startWorker(message);
       break;
     case "run":
       runningId = message.id;

@@ -4,6 +4,13 @@
 import { loadPyodide, type PyodideInterface } from "pyodide";
 
 type PyCallable = ((...args: unknown[]) => unknown) & { destroy?: () => void };
+type RunMessage = {
+  id: number;
+  code: string;
+  max_output_chars: number;
+  output: { max_files: number; max_bytes: number; max_figures: number };
+  tools?: string;
+};
 
 let pyodide: PyodideInterface;
 let runProgram: PyCallable;
@@ -30,6 +37,9 @@ function requestTool(call: number, server: string, tool: string, args: string, s
 }
 
 const transport = {
+  progress(line: string): void {
+    postToMain({ id: currentId, json: JSON.stringify({ type: "progress", line }), exiting: false });
+  },
   call_sync(server: string, tool: string, args: string): string {
     const call = ++callNumber;
     Atomics.store(syncState, 0, 0);
@@ -74,14 +84,74 @@ function announceExit(target: object, name: string): void {
 announceExit(Deno, "exit");
 announceExit(self, "close");
 
+// The session's working directory: data/ is a read-only copy of the host's data folder, taken
+// from disk (never through the host channel) and refreshed when a file there changes; output/
+// is where the program leaves files for the host.
+const HOME = "/home/sandbox";
+const GUEST_DATA = `${HOME}/data`;
+let hostDataDir: string | null = null;
+const copied = new Map<string, string>();
+
+function copyTree(host: string, guest: string, seen: Set<string>): void {
+  const FS = pyodide.FS;
+  for (const entry of Deno.readDirSync(host)) {
+    const hostPath = `${host}/${entry.name}`;
+    const guestPath = `${guest}/${entry.name}`;
+    if (entry.isDirectory) {
+      if (!FS.analyzePath(guestPath).exists) FS.mkdir(guestPath);
+      FS.chmod(guestPath, 0o755);
+      copyTree(hostPath, guestPath, seen);
+      FS.chmod(guestPath, 0o555);
+    } else if (entry.isFile) {
+      // Links are skipped: they could point outside the folder the sandbox may read.
+      const info = Deno.statSync(hostPath);
+      const stamp = `${info.size}:${info.mtime?.getTime()}`;
+      seen.add(guestPath);
+      if (copied.get(guestPath) === stamp) continue;
+      if (FS.analyzePath(guestPath).exists) FS.chmod(guestPath, 0o644);
+      FS.writeFile(guestPath, Deno.readFileSync(hostPath));
+      FS.chmod(guestPath, 0o444);
+      copied.set(guestPath, stamp);
+    }
+  }
+}
+
+function refreshData(): void {
+  if (hostDataDir === null) return;
+  const FS = pyodide.FS;
+  FS.chmod(GUEST_DATA, 0o755);
+  const seen = new Set<string>();
+  try {
+    copyTree(hostDataDir, GUEST_DATA, seen);
+  } finally {
+    for (const path of copied.keys()) {
+      if (!seen.has(path)) {
+        copied.delete(path);
+        try {
+          FS.unlink(path);
+        } catch { /* already gone */ }
+      }
+    }
+    FS.chmod(GUEST_DATA, 0o555);
+  }
+}
+
 async function init(
   guestRuntime: string,
   buffer: Uint8Array,
   state: Int32Array,
   data: SharedArrayBuffer,
+  dataDir: string | undefined,
 ): Promise<void> {
   const started = performance.now();
-  pyodide = await loadPyodide({ env: { HOME: "/home/sandbox" } });
+  pyodide = await loadPyodide({ env: { HOME, MPLBACKEND: "Agg" } });
+  pyodide.FS.mkdirTree(`${HOME}/output`);
+  pyodide.FS.mkdirTree(GUEST_DATA);
+  pyodide.FS.chdir(HOME);
+  if (dataDir) {
+    hostDataDir = dataDir;
+    refreshData();
+  }
   interruptBuffer = buffer;
   pyodide.setInterruptBuffer(interruptBuffer);
   const namespace = pyodide.globals.get("dict")();
@@ -90,7 +160,7 @@ async function init(
   syncState = state;
   syncData = data;
   const installTransport = namespace.get("install_transport");
-  installTransport(transport);
+  installTransport(transport, true); // the host cannot read this sandbox's files: send them inline
   installTransport.destroy();
   namespace.destroy();
   post(null, JSON.stringify({
@@ -100,12 +170,14 @@ async function init(
   }));
 }
 
-async function run(id: number, code: string, maxOutputChars: number, tools?: string): Promise<void> {
+async function run(message: RunMessage): Promise<void> {
+  const id = message.id;
   interruptBuffer[0] = 0;
   currentId = id;
   let outcome: unknown;
   try {
-    outcome = runProgram(code, maxOutputChars, tools);
+    refreshData();
+    outcome = runProgram(message.code, message.max_output_chars, message.tools, message.output);
     if (typeof outcome !== "string") {
       // A program with top-level `await` comes back as an awaitable.
       const awaitable = outcome as Promise<string> & { destroy?: () => void };
@@ -126,12 +198,18 @@ self.onmessage = async (event: MessageEvent) => {
   const message = event.data;
   if (message.type === "init") {
     try {
-      await init(message.guest_runtime, message.interruptBuffer, message.syncState, message.syncData);
+      await init(
+        message.guest_runtime,
+        message.interruptBuffer,
+        message.syncState,
+        message.syncData,
+        message.dataDir,
+      );
     } catch (error) {
       post(null, JSON.stringify({ type: "fatal", message: `Pyodide failed to load: ${error}` }));
     }
   } else if (message.type === "run") {
-    await run(message.id, message.code, message.max_output_chars, message.tools);
+    await run(message as RunMessage);
   } else if (message.type === "tool_result") {
     asyncCalls.get(message.call)?.(message.reply);
     asyncCalls.delete(message.call);

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Annotated
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import (
+    CallToolResult,
+    ContentBlock,
+    EmbeddedResource,
+    ImageContent,
+    TextContent,
+    TextResourceContents,
+    ToolAnnotations,
+)
 from pydantic import BaseModel, Field
 
 from mcp_sandbox import __version__
+from mcp_sandbox.audit import ExecutionRecord
 from mcp_sandbox.backends.base import Backend
 from mcp_sandbox.backends.choice import prepare_backend
 from mcp_sandbox.backends.policy import policy_violation
@@ -21,7 +31,7 @@ from mcp_sandbox.bridge.config import load_bridge_config
 from mcp_sandbox.bridge.upstreams import ToolBridge
 from mcp_sandbox.pool import PoolUnavailable, WarmPool
 from mcp_sandbox.result import ExecutionResult
-from mcp_sandbox.sessions import SessionLimitReached, SessionPool
+from mcp_sandbox.sessions import ProgressReport, SessionLimitReached, SessionPool
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -29,6 +39,12 @@ logger = logging.getLogger(__name__)
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 #: How long start-up waits for the upstream servers to list their tools (they keep trying after).
 BRIDGE_STARTUP_WAIT = 15.0
+
+
+#: Output text files up to this size also come back as embedded resources.
+INLINE_TEXT_BYTES = 64 * 1024
+#: MIME types a client can show as an image.
+IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
 
 
 class App:
@@ -45,6 +61,7 @@ class App:
         self._pool: WarmPool | None = None
         self._sessions: SessionPool | None = None
         self.bridge: ToolBridge | None = None
+        self.record = ExecutionRecord(settings.audit_log, settings.save_code)
 
     @property
     def backend(self) -> Backend:
@@ -85,6 +102,42 @@ class App:
         )
         return self
 
+    async def execute(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        session_id: str | None = None,
+        progress: ProgressReport | None = None,
+    ) -> ExecutionResult:
+        """Run code (the policy first, when it is on); keep the record; copy output files out.
+
+        Raises PoolUnavailable or SessionLimitReached when no sandbox can be had.
+        """
+        settings = self.settings
+        if settings.policy == "strict" and (reason := policy_violation(code)) is not None:
+            rejected = ExecutionResult.failure("Rejected", reason, backend=self.backend.name)
+            result = rejected.model_copy(update={"session_id": session_id})
+        else:
+            result = await self.sessions.run(
+                code, timeout=settings.clamp_timeout(timeout), session_id=session_id, progress=progress
+            )
+        if settings.output_dir is not None and result.files:
+            await anyio.to_thread.run_sync(self._copy_out, result)
+        await self.record.add(code, result)
+        return result
+
+    def _copy_out(self, result: ExecutionResult) -> None:
+        folder = self.settings.output_dir / (result.session_id or "one-off")  # type: ignore[operator]
+        for file in result.files:
+            target = folder / file.name
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(result.artifacts.files[file.name])
+                file.saved_to = str(target)
+            except OSError as error:
+                result.notes.append(f"output/{file.name} could not be copied to {folder}: {error.strerror}")
+
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
@@ -114,6 +167,35 @@ class FoundTool(BaseModel):
 class SearchResult(BaseModel):
     tools: list[FoundTool]
     total: int = Field(description="How many upstream tools there are in all.")
+
+
+def tool_result(result: ExecutionResult) -> CallToolResult:
+    """The MCP form of a result: its JSON, then figures and output images as image content,
+    and small text files as embedded resources."""
+    content: list[ContentBlock] = [TextContent(type="text", text=result.model_dump_json())]
+    for figure in result.artifacts.figures:
+        content.append(_image(figure, "image/png"))
+    for file in result.files:
+        data = result.artifacts.files[file.name]
+        if file.mime_type in IMAGE_TYPES:
+            content.append(_image(data, file.mime_type))
+        elif len(data) <= INLINE_TEXT_BYTES and _is_text(file.mime_type):
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            uri = f"sandbox://output/{file.name}"
+            resource = TextResourceContents(uri=uri, mime_type=file.mime_type, text=text)
+            content.append(EmbeddedResource(type="resource", resource=resource))
+    return CallToolResult(content=content, structured_content=result.model_dump(mode="json"))
+
+
+def _image(data: bytes, mime: str) -> ImageContent:
+    return ImageContent(type="image", data=base64.b64encode(data).decode(), mime_type=mime)
+
+
+def _is_text(mime: str) -> bool:
+    return mime.startswith("text/") or mime in {"application/json", "application/xml", "application/x-yaml"}
 
 
 def describe_execute_python(app: App) -> str:
@@ -155,6 +237,7 @@ def build_server(app: App) -> MCPServer:
     )
 
     async def execute_python(
+        ctx: Context,
         code: Annotated[str, Field(description="The Python program to run.")],
         timeout: Annotated[
             float | None,
@@ -167,21 +250,22 @@ def build_server(app: App) -> MCPServer:
                 description="Run in this named session to keep state between calls; omit for a clean run.",
             ),
         ] = None,
-    ) -> ExecutionResult:
+    ) -> Annotated[CallToolResult, ExecutionResult]:
         if len(code) > settings.max_code_chars:
             raise ToolError(
                 f"code is {len(code):,} characters long; the limit is {settings.max_code_chars:,} "
                 "(MCP_SANDBOX_MAX_CODE_CHARS)"
             )
-        if settings.policy == "strict" and (reason := policy_violation(code)) is not None:
-            rejected = ExecutionResult.failure("Rejected", reason, backend=app.backend.name)
-            return rejected.model_copy(update={"session_id": session_id})
+
+        async def report(elapsed: float, line: str | None) -> None:
+            message = f"running for {elapsed:.0f} s" + (f"; last output: {line}" if line else "")
+            await ctx.report_progress(elapsed, None, message)
+
         try:
-            return await app.sessions.run(
-                code, timeout=settings.clamp_timeout(timeout), session_id=session_id
-            )
+            result = await app.execute(code, timeout=timeout, session_id=session_id, progress=report)
         except (PoolUnavailable, SessionLimitReached) as error:
             raise ToolError(str(error)) from None
+        return tool_result(result)
 
     async def reset_session(
         session_id: Annotated[str, Field(pattern=SESSION_ID_PATTERN, description="The session to clear.")],

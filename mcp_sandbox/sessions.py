@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -18,6 +19,24 @@ logger = logging.getLogger(__name__)
 
 #: How often idle sessions are looked for, at most.
 SWEEP_INTERVAL = 5.0
+
+
+#: Seconds between progress reports of a running call.
+PROGRESS_INTERVAL = 1.0
+
+#: Receives (seconds elapsed, latest line of output) while a call runs.
+ProgressReport = Callable[[float, str | None], Awaitable[None]]
+
+
+async def _report_progress(executor: Executor, progress: ProgressReport) -> None:
+    started = time.monotonic()
+    while True:
+        await anyio.sleep(PROGRESS_INTERVAL)
+        try:
+            await progress(time.monotonic() - started, executor.latest_line)
+        except Exception as error:  # noqa: BLE001 - a client that cannot take progress still gets its result
+            logger.debug("progress report failed: %s", error)
+            return
 
 
 class SessionLimitReached(Exception):
@@ -53,11 +72,18 @@ class SessionPool:
     def session_ids(self) -> list[str]:
         return list(self._sessions)
 
-    async def run(self, code: str, *, timeout: float, session_id: str | None = None) -> ExecutionResult:
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout: float,
+        session_id: str | None = None,
+        progress: ProgressReport | None = None,
+    ) -> ExecutionResult:
         if session_id is None:
             executor = await self._pool.acquire()
             try:
-                return await self._run_in(executor, code, timeout)
+                return await self._run_in(executor, code, timeout, progress)
             finally:
                 await executor.close()
         session = self._sessions.get(session_id)
@@ -75,7 +101,7 @@ class SessionPool:
                     if session.executor is not None:
                         await session.executor.close()
                     session.executor = await self._pool.acquire()
-                result = await self._run_in(session.executor, code, timeout)
+                result = await self._run_in(session.executor, code, timeout, progress)
                 if result.session_lost:
                     await session.executor.close()
                     session.executor = None
@@ -86,7 +112,18 @@ class SessionPool:
                     # Reset while this call waited or ran: the sandbox belongs to nobody now.
                     await session.executor.close()
 
-    async def _run_in(self, executor: Executor, code: str, timeout: float) -> ExecutionResult:
+    async def _run_in(
+        self, executor: Executor, code: str, timeout: float, progress: ProgressReport | None
+    ) -> ExecutionResult:
+        if progress is None:
+            return await self._run(executor, code, timeout)
+        async with anyio.create_task_group() as group:
+            group.start_soon(_report_progress, executor, progress)
+            result = await self._run(executor, code, timeout)
+            group.cancel_scope.cancel()
+        return result
+
+    async def _run(self, executor: Executor, code: str, timeout: float) -> ExecutionResult:
         return await executor.run(
             code,
             timeout=timeout,
@@ -94,6 +131,7 @@ class SessionPool:
             max_output_chars=self._settings.max_output_chars,
             bridge=self._bridge,
             max_tool_calls=self._settings.bridge_max_calls,
+            output=self._settings.output_limits(),
         )
 
     async def reset(self, session_id: str) -> bool:

@@ -6,8 +6,10 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mcp_sandbox.result import OutputLimits
 
 BackendName = Literal["auto", "pyodide", "subprocess", "inprocess"]
 PolicyName = Literal["off", "strict"]
@@ -60,6 +62,28 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(
         default_factory=default_cache_dir, description="Where Deno keeps Pyodide (downloaded once)."
     )
+    data_dir: Path | None = Field(
+        None, description="Host folder that sandboxed code can read (never write) at data/."
+    )
+    output_dir: Path | None = Field(
+        None, description="Host folder where files from output/ are also copied, under <session>/."
+    )
+    max_output_files: int = Field(20, ge=0, description="Files from output/ returned per call.")
+    max_output_mb: float = Field(
+        10.0, gt=0, description="Bytes of figures and output files returned per call, in MB."
+    )
+    max_figures: int = Field(10, ge=0, description="matplotlib figures returned per call.")
+    packages_dir: Path | None = Field(
+        None,
+        description="pyodide: folder of Pyodide packages and pure-Python wheels that imports load from "
+        "(filled by `mcp-sandbox warmup --packages ...`); default <cache_dir>/packages.",
+    )
+    audit_log: Path | None = Field(
+        None, description="JSON-lines file with one record per execution (mode 0600)."
+    )
+    save_code: Path | None = Field(
+        None, description="Folder where each executed program is saved as a .py file."
+    )
     bridge_config: Path | None = Field(
         None,
         description='JSON file of upstream MCP servers ({"mcpServers": ...}, as Claude Desktop\'s) '
@@ -68,6 +92,39 @@ class Settings(BaseSettings):
     bridge_call_timeout: float = Field(30.0, gt=0, description="Seconds one bridged tool call may take.")
     bridge_max_calls: int = Field(1000, ge=1, description="Bridged tool calls one execution may make.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator(
+        "deno_path",
+        "cache_dir",
+        "data_dir",
+        "output_dir",
+        "packages_dir",
+        "audit_log",
+        "save_code",
+        "bridge_config",
+    )
+    @classmethod
+    def _absolute(cls, path: Path | None) -> Path | None:
+        # Resolved once, so a later change of working directory cannot move them.
+        return path.expanduser().absolute() if path is not None else None
+
+    @field_validator("data_dir")
+    @classmethod
+    def _existing_folder(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_dir():
+            raise ValueError(f"{path} is not a folder")
+        return path.resolve() if path is not None else None
+
+    @property
+    def packages_folder(self) -> Path:
+        return self.packages_dir or self.cache_dir / "packages"
+
+    def output_limits(self) -> OutputLimits:
+        return OutputLimits(
+            max_files=self.max_output_files,
+            max_bytes=int(self.max_output_mb * 1024 * 1024),
+            max_figures=self.max_figures,
+        )
 
     def clamp_timeout(self, requested: float | None) -> float:
         """The timeout a call really gets: the default when unset, never above the maximum."""

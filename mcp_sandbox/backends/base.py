@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import logging
+import posixpath
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import anyio
 
 from mcp_sandbox.bridge.calls import ToolCalls
 from mcp_sandbox.bridge.upstreams import ToolBridge
-from mcp_sandbox.result import ExecutionResult, GuestOutcome, SandboxErrorType
+from mcp_sandbox.result import (
+    TEXT_FIELDS,
+    ExecutionResult,
+    GuestFile,
+    GuestOutcome,
+    OutputFile,
+    OutputLimits,
+    SandboxErrorType,
+    decode_base64,
+    mime_type,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +40,25 @@ class SandboxStartError(Exception):
     """A new sandbox could not be started (runtime missing, load failure, start timeout)."""
 
 
+@dataclass
+class RunRequest:
+    """One program to run, and what comes with it to the sandbox."""
+
+    code: str
+    max_output_chars: int
+    output: OutputLimits = field(default_factory=OutputLimits)
+    #: The bridge's catalog as JSON text, when the guest's `tools` must be rebuilt first.
+    tools_manifest: str | None = None
+
+
+def safe_output_path(path: str) -> str | None:
+    """`path` when it names a file inside output/ (relative, no `..`), else None."""
+    normal = posixpath.normpath(path)
+    if not path or normal.startswith(("/", "../")) or normal in (".", "..") or "\\" in path or "\x00" in path:
+        return None
+    return normal
+
+
 class Executor(ABC):
     """One sandbox: an interpreter whose state lives from one `run` to the next.
 
@@ -42,6 +73,8 @@ class Executor(ABC):
     tool_calls: ToolCalls
     #: Which catalog version the guest's `tools` was built from (-1: none yet).
     tools_version: int = -1
+    #: The latest line the running program printed, as the guest last reported it (for progress).
+    latest_line: str | None = None
 
     @property
     @abstractmethod
@@ -49,9 +82,13 @@ class Executor(ABC):
         """False once the sandbox has died or been closed."""
 
     @abstractmethod
-    async def _submit(self, code: str, max_output_chars: int, tools_manifest: str | None) -> None:
-        """Start running `code`, first rebuilding the guest's `tools` from `tools_manifest` when
-        it is given; returns at once."""
+    async def _submit(self, request: RunRequest) -> None:
+        """Start running the request's code, first rebuilding the guest's `tools` from its
+        manifest when it has one; returns at once."""
+
+    def _output_file_bytes(self, file: GuestFile, path: str) -> bytes | None:
+        """The bytes of output/`path`: sent inline by the guest unless a backend can read its disk."""
+        return decode_base64(file.data) if file.data is not None else None
 
     @abstractmethod
     async def _await_outcome(self) -> GuestOutcome:
@@ -74,32 +111,37 @@ class Executor(ABC):
         max_output_chars: int,
         bridge: ToolBridge | None = None,
         max_tool_calls: int = 1000,
+        output: OutputLimits | None = None,
     ) -> ExecutionResult:
+        request = RunRequest(code, max_output_chars, output or OutputLimits())
+        self.latest_line = None
         async with anyio.create_task_group() as task_group:
             self.tool_calls = ToolCalls(bridge, task_group, max_tool_calls)
-            manifest = None
             if bridge is not None and bridge.version != self.tools_version:
-                manifest, self.tools_version = bridge.manifest_json, bridge.version
+                request.tools_manifest, self.tools_version = bridge.manifest_json, bridge.version
             try:
-                result = await self._run(code, timeout, grace, max_output_chars, manifest)
+                result = await self._run(request, timeout, grace)
             finally:
                 # Bridged calls still pending when the execution ends are cancelled and answered.
                 self.tool_calls.cancel_all()
         return result
 
-    async def _run(
-        self, code: str, timeout: float, grace: float, max_output_chars: int, manifest: str | None
-    ) -> ExecutionResult:
+    async def _run(self, request: RunRequest, timeout: float, grace: float) -> ExecutionResult:
         started = time.perf_counter()
+        max_output_chars = request.max_output_chars
 
         def elapsed_ms() -> int:
             return int((time.perf_counter() - started) * 1000)
 
         def finished(outcome: GuestOutcome) -> ExecutionResult:
-            return ExecutionResult(**outcome.model_dump(), backend=self.backend, duration_ms=elapsed_ms())
+            result = ExecutionResult(
+                **outcome.model_dump(include=TEXT_FIELDS), backend=self.backend, duration_ms=elapsed_ms()
+            )
+            self._take_artifacts(result, outcome, request.output)
+            return result
 
         try:
-            await self._submit(code, max_output_chars, manifest)
+            await self._submit(request)
             with anyio.move_on_after(timeout):
                 return finished((await self._await_outcome()).capped(max_output_chars))
             await self.interrupt()
@@ -138,6 +180,43 @@ class Executor(ABC):
             with anyio.CancelScope(shield=True):
                 await self.close()
             raise
+
+    def _take_artifacts(self, result: ExecutionResult, outcome: GuestOutcome, limits: OutputLimits) -> None:
+        """Move figures and output files from the guest's report into `result`, within the caps
+        (the guest applies them too; this is where they hold, whatever it sent)."""
+        budget = limits.max_bytes
+        notes = [note[:500] for note in outcome.notes[:10]]
+        for encoded in outcome.figures[: limits.max_figures]:
+            image = decode_base64(encoded)
+            if image is None or len(image) > budget:
+                notes.append("a figure was left out: over MCP_SANDBOX_MAX_OUTPUT_MB in all")
+                continue
+            result.artifacts.figures.append(image)
+            budget -= len(image)
+        if len(outcome.figures) > limits.max_figures:
+            notes.append(
+                f"{len(outcome.figures) - limits.max_figures} figures over MCP_SANDBOX_MAX_FIGURES left out"
+            )
+        listed: list[OutputFile] = []
+        for file in outcome.files[: limits.max_files]:
+            path = safe_output_path(file.path)
+            data = self._output_file_bytes(file, path) if path is not None else None
+            if path is None or data is None:
+                notes.append(f"output/{file.path[:200]} could not be read back")
+                continue
+            if len(data) > budget:
+                notes.append(
+                    f"output/{path} ({len(data):,} bytes) left out: over MCP_SANDBOX_MAX_OUTPUT_MB in all"
+                )
+                continue
+            budget -= len(data)
+            result.artifacts.files[path] = data
+            listed.append(OutputFile(name=path, size=len(data), mime_type=mime_type(path)))
+        if len(outcome.files) > limits.max_files:
+            notes.append(
+                f"{len(outcome.files) - limits.max_files} files over MCP_SANDBOX_MAX_OUTPUT_FILES left out"
+            )
+        result.files, result.figures, result.notes = listed, len(result.artifacts.figures), notes
 
 
 class Backend(ABC):

@@ -97,6 +97,9 @@ class HostChannel:
         self.send(json.dumps(request))
         return call
 
+    def progress(self, line: str) -> None:
+        self.send(json.dumps({"type": "progress", "line": line}))
+
     def call_sync(self, server: str, tool: str, arguments: str) -> str:
         replies: list[str] = []
         done = threading.Event()
@@ -155,6 +158,8 @@ def main() -> None:
     guest: dict[str, Any] = {"__name__": "guest_runtime"}
     exec(compile(init["guest_runtime"], "<guest_runtime>", "exec"), guest)
     guest["install_transport"](channel)
+    if init.get("data_dir"):
+        guest["protect_read_only"](init["data_dir"])
     run_program_json = guest["run_program_json"]
     loop = asyncio.new_event_loop()  # one loop per worker, so a session's async objects survive
     threading.Thread(target=channel.read_forever, name="host-reader", daemon=True).start()
@@ -163,7 +168,9 @@ def main() -> None:
     while (message := channel.runs.get()) is not None:
         running = True
         try:
-            outcome = run_program_json(message["code"], message["max_output_chars"], message.get("tools"))
+            outcome = run_program_json(
+                message["code"], message["max_output_chars"], message.get("tools"), message.get("output")
+            )
             if not isinstance(outcome, str):
                 outcome = finish(loop, outcome)
         except BaseException as error:  # noqa: BLE001 - an interrupt that lands outside the program

@@ -13,17 +13,28 @@ import builtins
 import inspect
 import io
 import linecache
+import os
+import stat
 import sys
-from collections.abc import Coroutine, Iterator
+import warnings
+from binascii import b2a_base64
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 
 # Bound at import, so a program that patches json or traceback cannot break reporting.
 from json import dumps, loads
+from time import monotonic
 from traceback import StackSummary, TracebackException, format_exception_only
 from types import CodeType, TracebackType
 from typing import Any, Protocol
 
 CELL_PREFIX = "<cell-"
+#: Files written here (relative to the working directory) come back with the result.
+OUTPUT_DIR = "output"
+#: A program that leaves more files than this in output/ is not scanned further.
+MAX_SCANNED_FILES = 10_000
+# Under the Agg backend plt.show() only warns; figures are captured when the program ends.
+warnings.filterwarnings("ignore", message=".*non-interactive.*", category=UserWarning)
 #: Where this file's own frames come from, so tracebacks can leave them out.
 RUNTIME_FILES = {"<guest_runtime>", globals().get("__file__")}
 TRUNCATION_MARKER = "\n... [{cut:,} characters truncated] ...\n"
@@ -36,7 +47,10 @@ class CappedText(io.TextIOBase):
     written, and counts what falls between them.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_line: Callable[[str], None] | None = None) -> None:
+        self._on_line = on_line
+        self._partial = ""
+        self._reported = 0.0
         self._head_limit = limit - limit // 2
         self._tail_limit = limit // 2
         self._head: list[str] = []
@@ -53,6 +67,8 @@ class CappedText(io.TextIOBase):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         length = len(text)
         self.total += length
+        if self._on_line is not None:
+            self._note_line(text)
         room = self._head_limit - self._head_len
         if room > 0:
             self._head.append(text[:room])
@@ -67,6 +83,19 @@ class CappedText(io.TextIOBase):
                 self._tail = [joined]
                 self._tail_len = len(joined)
         return length
+
+    def _note_line(self, text: str) -> None:
+        """Tell the host the latest complete line, at most twice a second (for progress reports)."""
+        if "\n" not in text:
+            self._partial = (self._partial + text)[-200:]
+            return
+        lines = text.split("\n")
+        line = (self._partial + lines[0]) if len(lines) == 2 else lines[-2]
+        self._partial = lines[-1][-200:]
+        now = monotonic()
+        if now - self._reported >= 0.5 and self._on_line is not None:
+            self._reported = now
+            self._on_line(line[-200:])
 
     @property
     def truncated(self) -> bool:
@@ -153,6 +182,9 @@ class ToolTransport(Protocol):
     def call_sync(self, server: str, tool: str, arguments: str) -> str: ...
 
     def call_async(self, server: str, tool: str, arguments: str) -> Any: ...
+
+    def progress(self, line: str) -> None:
+        """The latest line the program printed; the host shows it in progress reports."""
 
 
 _TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
@@ -278,15 +310,50 @@ class Session:
         self.namespace["tools"] = Tools({})
         self.namespace["ToolError"] = ToolError
         self.cells = 0
+        #: True where the host cannot read the sandbox's files (Pyodide): send them in the outcome.
+        self.inline_files = False
+        #: Where the latest line of output goes while a program runs (the runner's transport).
+        self.report_line: Callable[[str], None] | None = None
 
     def install_tools(self, manifest_json: str, transport: ToolTransport | None) -> None:
         """Give the session's `tools` the upstream tools listed in ``manifest_json``."""
         self.namespace["tools"] = build_tools(loads(manifest_json), transport)
 
-    def run(self, code: str, max_output_chars: int) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
-        """Run ``code``; returns the outcome, or a coroutine for it when the code awaits."""
+    def run(
+        self, code: str, max_output_chars: int, output: dict[str, int] | None = None
+    ) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
+        """Run ``code``; returns the outcome, or a coroutine for it when the code awaits.
+
+        With ``output`` limits, the outcome also carries the figures the program left open and
+        the files it wrote to output/.
+        """
+        if output is None:
+            return self._run(code, max_output_chars)
+        before = _scan_output()
+        outcome = self._run(code, max_output_chars)
+        if isinstance(outcome, dict):
+            return self._with_artifacts(outcome, before, output)
+        return self._with_artifacts_async(outcome, before, output)
+
+    async def _with_artifacts_async(
+        self, pending: Coroutine[Any, Any, dict[str, Any]], before: dict[str, Any], output: dict[str, int]
+    ) -> dict[str, Any]:
+        return self._with_artifacts(await pending, before, output)
+
+    def _with_artifacts(
+        self, outcome: dict[str, Any], before: dict[str, Any], output: dict[str, int]
+    ) -> dict[str, Any]:
+        budget = output["max_bytes"]
+        notes: list[str] = []
+        figures, budget = _collect_figures(output["max_figures"], budget, notes)
+        files = _collect_files(before, output["max_files"], budget, self.inline_files, notes)
+        outcome.update(figures=figures, files=files, notes=notes)
+        return outcome
+
+    def _run(self, code: str, max_output_chars: int) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
         self.cells += 1
-        stdout, stderr = CappedText(max_output_chars), CappedText(max_output_chars)
+        stdout = CappedText(max_output_chars, self.report_line)
+        stderr = CappedText(max_output_chars, self.report_line)
         try:
             program = Program(code, self.cells)
         except BaseException as error:  # noqa: BLE001 - a SyntaxError is the caller's outcome
@@ -323,6 +390,126 @@ class Session:
             yield
         finally:
             sys.stdout, sys.stderr = saved
+
+
+def _scan_output() -> dict[str, tuple[int, int]]:
+    """Regular files under output/ (not following links): relative path -> (size, mtime)."""
+    found: dict[str, tuple[int, int]] = {}
+    if not os.path.isdir(OUTPUT_DIR):
+        return found
+    for root, _dirs, names in os.walk(OUTPUT_DIR):
+        for name in names:
+            if len(found) >= MAX_SCANNED_FILES:
+                return found
+            path = os.path.join(root, name)
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                found[os.path.relpath(path, OUTPUT_DIR)] = (info.st_size, info.st_mtime_ns)
+    return found
+
+
+def _collect_figures(limit: int, budget: int, notes: list[str]) -> tuple[list[str], int]:
+    """The open matplotlib figures as base64 PNGs (then closed), within the count and byte caps."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return [], budget
+    figures: list[str] = []
+    try:
+        numbers = list(pyplot.get_fignums())
+        for number in numbers[:limit]:
+            buffer = io.BytesIO()
+            pyplot.figure(number).savefig(buffer, format="png", dpi=100)
+            image = buffer.getvalue()
+            if len(image) > budget:
+                notes.append(f"figure {number} left out: over the output size cap")
+                continue
+            budget -= len(image)
+            figures.append(b2a_base64(image, newline=False).decode("ascii"))
+        if len(numbers) > limit:
+            notes.append(f"{len(numbers) - limit} figures left out: at most {limit} per call")
+    except Exception as error:  # noqa: BLE001 - a broken figure must not lose the run's result
+        notes.append(f"figures could not be saved: {type(error).__name__}: {error}")
+    finally:
+        pyplot.close("all")
+    return figures, budget
+
+
+def _collect_files(
+    before: dict[str, tuple[int, int]], limit: int, budget: int, inline: bool, notes: list[str]
+) -> list[dict[str, Any]]:
+    """The files in output/ that this run created or changed, within the count and byte caps."""
+    after = _scan_output()
+    changed = sorted(path for path, signature in after.items() if before.get(path) != signature)
+    files: list[dict[str, Any]] = []
+    for path in changed[:limit]:
+        size = after[path][0]
+        if size > budget:
+            notes.append(f"output/{path} ({size:,} bytes) left out: over the output size cap")
+            continue
+        entry: dict[str, Any] = {"path": path, "size": size}
+        if inline:
+            try:
+                with open(os.path.join(OUTPUT_DIR, path), "rb") as handle:
+                    data = handle.read(budget + 1)
+            except OSError as error:
+                notes.append(f"output/{path} could not be read: {error}")
+                continue
+            if len(data) > budget:
+                notes.append(f"output/{path} left out: over the output size cap")
+                continue
+            entry["size"] = len(data)
+            entry["data"] = b2a_base64(data, newline=False).decode("ascii")
+        budget -= entry["size"]
+        files.append(entry)
+    if len(changed) > limit:
+        notes.append(f"{len(changed) - limit} files in output/ left out: at most {limit} per call")
+    return files
+
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_CHANGES = {
+    "os.remove": 1,
+    "os.rmdir": 1,
+    "os.mkdir": 1,
+    "os.chmod": 1,
+    "os.chown": 1,
+    "os.truncate": 1,
+    "os.utime": 1,
+    "os.rename": 2,
+    "os.link": 2,
+    "os.symlink": 2,
+}
+
+
+def protect_read_only(folder: str) -> None:
+    """Refuse, from now on, every write to `folder` made through Python's file functions.
+
+    An audit hook: it stops a program's mistakes and ordinary writes, not a determined one
+    (ctypes can make system calls directly). The CPython backends are not walls (see README).
+    """
+    root = os.path.realpath(folder)
+
+    def inside(path: Any) -> bool:
+        if isinstance(path, int) or path is None:
+            return False
+        real = os.path.realpath(os.fsdecode(path))
+        return real == root or real.startswith(root + os.sep)
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event == "open" and len(args) >= 3:
+            path, mode, flags = args[0], args[1], args[2]
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & _WRITE_FLAGS
+            )
+            if writes and inside(path):
+                raise PermissionError(f"data/ is read-only: cannot write {os.fsdecode(path)}")
+        elif event in _CHANGES and any(inside(arg) for arg in args[: _CHANGES[event]]):
+            raise PermissionError(f"data/ is read-only: {event} refused")
+
+    sys.addaudithook(hook)
 
 
 def _safe_repr(value: Any) -> str:
@@ -369,19 +556,23 @@ _session = Session()
 _transport: ToolTransport | None = None
 
 
-def install_transport(transport: ToolTransport) -> None:
-    """Called once by a runner that can carry bridged calls to the host."""
+def install_transport(transport: ToolTransport, inline_files: bool = False) -> None:
+    """Called once by a runner: how bridged calls reach the host, and whether output files
+    must travel in the outcome because the host cannot read the sandbox's disk."""
     global _transport
     _transport = transport
+    _session.inline_files = inline_files
+    _session.report_line = transport.progress
 
 
 def run_program_json(
-    code: str, max_output_chars: int, tools_manifest: str | None = None
+    code: str, max_output_chars: int, tools_manifest: str | None = None, output: Any = None
 ) -> str | Coroutine[Any, Any, str]:
     """Entry point for runners that speak JSON (the Pyodide worker, the CPython worker)."""
     if tools_manifest is not None:
         _session.install_tools(tools_manifest, _transport)
-    outcome = _session.run(code, max_output_chars)
+    limits = output.to_py() if hasattr(output, "to_py") else output  # a JsProxy in Pyodide
+    outcome = _session.run(code, max_output_chars, limits)
     if isinstance(outcome, dict):
         return dumps(outcome)
     return _dump_when_done(outcome)

@@ -14,21 +14,25 @@ import asyncio
 import ctypes
 import itertools
 import logging
+import os
 import queue
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from io import StringIO, TextIOBase
+from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
 import anyio
 
 from mcp_sandbox.backends import guest_runtime
-from mcp_sandbox.backends.base import Backend, Executor, SandboxDied
+from mcp_sandbox.backends.base import Backend, Executor, RunRequest, SandboxDied
+from mcp_sandbox.backends.workspace import prepare_workspace, read_output_file
 from mcp_sandbox.bridge.upstreams import reply_error
-from mcp_sandbox.result import GuestOutcome
+from mcp_sandbox.result import GuestFile, GuestOutcome
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -136,6 +140,9 @@ class HostTransport:
         except RuntimeError as error:
             resolve(reply_error(f"the tool call could not reach the server: {error}"))
 
+    def progress(self, line: str) -> None:
+        self._executor.latest_line = line  # read by the server's progress reports
+
     def call_sync(self, server: str, tool: str, arguments: str) -> str:
         replies: list[str] = []
         done = threading.Event()
@@ -167,9 +174,7 @@ class HostTransport:
 
 @dataclass(eq=False)
 class _Job:
-    code: str
-    max_output_chars: int
-    tools_manifest: str | None
+    request: RunRequest
     wake_host: Callable[[], None]
     done: anyio.Event = field(default_factory=anyio.Event)
     outcome: dict[str, Any] | None = None
@@ -180,7 +185,8 @@ class InProcessExecutor(Executor):
 
     backend: ClassVar[str] = "inprocess"
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, workdir: Path | None = None) -> None:
+        self._workdir = workdir or Path.cwd()
         self._session = ThreadSession()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._job: _Job | None = None
@@ -192,6 +198,7 @@ class InProcessExecutor(Executor):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._transport = HostTransport(self)
+        self._session.report_line = self._transport.progress
         self.host_loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -200,11 +207,11 @@ class InProcessExecutor(Executor):
     def alive(self) -> bool:
         return not self._closed and self._thread.is_alive()
 
-    async def _submit(self, code: str, max_output_chars: int, tools_manifest: str | None) -> None:
+    async def _submit(self, request: RunRequest) -> None:
         if not self.alive:
             raise SandboxDied("the in-process session thread is gone")
         self.host_loop = host_loop = asyncio.get_running_loop()
-        job = _Job(code, max_output_chars, tools_manifest, wake_host=lambda: None)
+        job = _Job(request, wake_host=lambda: None)
 
         def wake_host() -> None:
             # call_soon_threadsafe never blocks this thread, even while the server shuts down.
@@ -222,6 +229,9 @@ class InProcessExecutor(Executor):
         if job.outcome is None:
             raise SandboxDied("the in-process session thread failed")
         return GuestOutcome.model_validate(job.outcome)
+
+    def _output_file_bytes(self, file: GuestFile, path: str) -> bytes | None:
+        return read_output_file(self._workdir, path)
 
     async def interrupt(self) -> None:
         self._interrupt()
@@ -267,9 +277,10 @@ class InProcessExecutor(Executor):
         with self._state:
             self._running, self._interrupted = True, False
         try:
-            if job.tools_manifest is not None:
-                self._session.install_tools(job.tools_manifest, self._transport)
-            outcome = self._session.run(job.code, job.max_output_chars)
+            request = job.request
+            if request.tools_manifest is not None:
+                self._session.install_tools(request.tools_manifest, self._transport)
+            outcome = self._session.run(request.code, request.max_output_chars, request.output.message())
             if not isinstance(outcome, dict):
                 outcome = self._finish_async(outcome)
             if self._interrupted and outcome["error_type"] == "CancelledError":
@@ -309,15 +320,23 @@ class InProcessBackend(Backend):
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._numbers = itertools.count(1)
+        self.workdir = Path.cwd()
 
     async def prepare(self) -> None:
         logger.warning(
             "inprocess backend: code runs inside this server's process with no isolation; "
             "use it only for trusted code"
         )
+        # A process has one working directory, so every in-process session shares this one.
+        self.workdir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-inprocess-"))
+        prepare_workspace(self.workdir, self._settings.data_dir)
+        os.chdir(self.workdir)
+        os.environ.setdefault("MPLBACKEND", "Agg")
+        if self._settings.data_dir is not None:
+            guest_runtime.protect_read_only(str(self._settings.data_dir))
 
     async def start(self) -> Executor:
-        return InProcessExecutor(f"mcp-sandbox-inprocess-{next(self._numbers)}")
+        return InProcessExecutor(f"mcp-sandbox-inprocess-{next(self._numbers)}", self.workdir)
 
     def describe(self) -> str:
         return (

@@ -16,7 +16,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pydantic import ValidationError
 
 from mcp_sandbox.backends import guest_runtime, protocol
-from mcp_sandbox.backends.base import Executor, SandboxDied, SandboxStartError
+from mcp_sandbox.backends.base import Executor, RunRequest, SandboxDied, SandboxStartError
 from mcp_sandbox.result import GuestOutcome
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,12 @@ class ProcessExecutor(Executor):
         self._stderr_len = 0
         self._run_id = 0
         self._closed = False
+        #: The `init` message; a backend may add the host folders the sandbox reads.
+        self.init_message: protocol.InitMessage = {
+            "type": "init",
+            "token": self._token,
+            "guest_runtime": GUEST_RUNTIME_SOURCE,
+        }
         self._death: str | None = None
         self.forged_lines = 0
 
@@ -70,22 +76,23 @@ class ProcessExecutor(Executor):
         return self._process.pid
 
     async def initialize(self) -> None:
-        await self._send({"type": "init", "token": self._token, "guest_runtime": GUEST_RUNTIME_SOURCE})
+        await self._send(self.init_message)
         message = await self._next_message()
         if message.get("type") != "ready":
             raise SandboxDied(str(message.get("message", message)))
         logger.debug("%s sandbox %d ready", self.backend, self.pid)
 
-    async def _submit(self, code: str, max_output_chars: int, tools_manifest: str | None) -> None:
+    async def _submit(self, request: RunRequest) -> None:
         self._run_id += 1
         message: protocol.RunMessage = {
             "type": "run",
             "id": self._run_id,
-            "code": code,
-            "max_output_chars": max_output_chars,
+            "code": request.code,
+            "max_output_chars": request.max_output_chars,
+            "output": request.output.message(),
         }
-        if tools_manifest is not None:
-            message["tools"] = tools_manifest
+        if request.tools_manifest is not None:
+            message["tools"] = request.tools_manifest
         await self._send(message)
 
     async def _await_outcome(self) -> GuestOutcome:
@@ -101,6 +108,8 @@ class ProcessExecutor(Executor):
                 raise SandboxDied(f"the sandbox crashed: {message.get('message')}")
             if kind == "fatal":
                 raise SandboxDied(f"the sandbox runner failed: {message.get('message')}")
+            if kind == "progress":
+                self.latest_line = str(message.get("line"))[:200]
             if kind == "tool_call" and isinstance(call := message.get("call"), int):
                 self.tool_calls.start(
                     call,

@@ -8,10 +8,14 @@ sandboxed code never runs there, so a line the sandbox prints itself (``console.
 ``js.Deno.stdout``) carries no valid token and is dropped.
 
 Host -> runner:
-    init       {type, token, guest_runtime}   first line, once: the token and the Python
-                                              source of guest_runtime.py to load into Pyodide.
-    run        {type, id, code, max_output_chars, tools?}
+    init       {type, token, guest_runtime, data_dir?, packages_dir?}
+                                              first line, once: the token, the Python source of
+                                              guest_runtime.py to load, and the host folders the
+                                              sandbox may read (data/ and packages).
+    run        {type, id, code, max_output_chars, output, tools?}
                                               run a program in the session's interpreter;
+                                              ``output`` caps what it hands back besides text
+                                              ({max_files, max_bytes, max_figures});
                                               ``tools`` (JSON text, a list of
                                               catalog.ToolSpec) replaces the guest's `tools`
                                               first, sent only when the catalog changed.
@@ -27,6 +31,8 @@ Runner -> host:
     crashed    {type, id, message}                Pyodide itself failed during run ``id``;
                                                   the sandbox is unusable.
     fatal      {type, message}                    the runner cannot go on (load failure).
+    progress   {type, line}                       the latest line the program printed, at most
+                                                  twice a second (for progress reports).
     tool_call  {type, call, server, tool, arguments}
                                                   sandboxed code calls tools.<server>.<tool>;
                                                   arguments is JSON text; ``call`` numbers the
@@ -43,10 +49,12 @@ import json
 from typing import Any, Literal, Required, TypedDict
 
 
-class InitMessage(TypedDict):
-    type: Literal["init"]
-    token: str
-    guest_runtime: str
+class InitMessage(TypedDict, total=False):
+    type: Required[Literal["init"]]
+    token: Required[str]
+    guest_runtime: Required[str]
+    data_dir: str
+    packages_dir: str
 
 
 class RunMessage(TypedDict, total=False):
@@ -54,6 +62,7 @@ class RunMessage(TypedDict, total=False):
     id: Required[int]
     code: Required[str]
     max_output_chars: Required[int]
+    output: Required[dict[str, int]]
     tools: str
 
 

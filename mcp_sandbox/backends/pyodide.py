@@ -111,14 +111,22 @@ class PyodideBackend(Backend):
             "--cached-only",
             "--config",
             str(self._runner / "deno.json"),
-            # Only what loading the runner and Pyodide needs; every other permission stays denied.
-            f"--allow-read={self._runner},{self._pyodide_dir}",
+            # Only what loading the runner and Pyodide needs, and the data folder; all else is denied.
+            "--allow-read=" + ",".join(str(path) for path in self._readable()),
             str(self._runner / "runner.ts"),
         ]
+
+    def _readable(self) -> list[Path]:
+        readable = [self._runner, self._pyodide_dir]
+        if self._settings.data_dir is not None:
+            readable.append(self._settings.data_dir)
+        return [path for path in readable if path is not None]
 
     async def start(self) -> Executor:
         process = await anyio.open_process(self.command(), env=self._sandbox_env(), start_new_session=True)
         executor = PyodideExecutor(process, self._settings.max_output_chars)
+        if self._settings.data_dir is not None:
+            executor.init_message["data_dir"] = str(self._settings.data_dir)
         return await start_process_executor(executor, self._task_group, self._settings.start_timeout)
 
     def describe(self) -> str:

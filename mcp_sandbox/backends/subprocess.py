@@ -20,6 +20,8 @@ import anyio.abc
 
 from mcp_sandbox.backends.base import Backend, Executor
 from mcp_sandbox.backends.process import ProcessExecutor, start_process_executor
+from mcp_sandbox.backends.workspace import prepare_workspace, read_output_file
+from mcp_sandbox.result import GuestFile
 from mcp_sandbox.settings import Settings
 
 WORKER = Path(__file__).resolve().with_name("cpython_worker.py")
@@ -43,6 +45,7 @@ class SubprocessBackend(Backend):
 
     async def start(self) -> Executor:
         workdir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-"))
+        prepare_workspace(workdir, self._settings.data_dir)
         # No host variable reaches the worker; single-threaded maths keeps it inside RLIMIT_AS.
         env = {
             "HOME": str(workdir),
@@ -55,6 +58,8 @@ class SubprocessBackend(Backend):
         command = [sys.executable, "-I", str(WORKER), self._limits]
         process = await anyio.open_process(command, cwd=workdir, env=env, start_new_session=True)
         executor = SubprocessExecutor(process, self._settings.max_output_chars, workdir)
+        if self._settings.data_dir is not None:
+            executor.init_message["data_dir"] = str(self._settings.data_dir)
         return await start_process_executor(executor, self._task_group, self._settings.start_timeout)
 
     def describe(self) -> str:
@@ -71,6 +76,9 @@ class SubprocessExecutor(ProcessExecutor):
     def __init__(self, process: anyio.abc.Process, max_output_chars: int, workdir: Path) -> None:
         super().__init__(process, max_output_chars)
         self._workdir = workdir
+
+    def _output_file_bytes(self, file: GuestFile, path: str) -> bytes | None:
+        return read_output_file(self._workdir, path)
 
     async def interrupt(self) -> None:
         if self._process.returncode is None:

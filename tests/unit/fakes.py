@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import anyio
 
-from mcp_sandbox.backends.base import Executor, SandboxDied
+from mcp_sandbox.backends.base import Executor, RunRequest, SandboxDied
 from mcp_sandbox.result import GuestOutcome
 
 
@@ -29,8 +29,8 @@ class FakeExecutor(Executor):
     def alive(self) -> bool:
         return not self.closed
 
-    async def _submit(self, code: str, max_output_chars: int, tools_manifest: str | None) -> None:
-        self._code = code
+    async def _submit(self, request: RunRequest) -> None:
+        self._code = request.code
 
     async def _await_outcome(self) -> GuestOutcome:
         if self._code == "die":
