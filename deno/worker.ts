@@ -136,15 +136,70 @@ function refreshData(): void {
   }
 }
 
+// Packages: imports of Pyodide's own packages (numpy, pandas, ...) and of wheels placed in the
+// packages folder load from that folder on demand; the sandbox has no network to fetch them.
+let packagesDir: string | null = null;
+let findImports: PyCallable | null = null;
+const loadedWheels = new Set<string>();
+
+function normalize(name: string): string {
+  return name.toLowerCase().replace(/[-_.]+/g, "_");
+}
+
+function wheelsInFolder(): Map<string, string> {
+  const wheels = new Map<string, string>();
+  for (const entry of Deno.readDirSync(packagesDir!)) {
+    if (entry.isFile && entry.name.endsWith(".whl")) {
+      wheels.set(normalize(entry.name.split("-")[0]), `${packagesDir}/${entry.name}`);
+    }
+  }
+  return wheels;
+}
+
+async function loadImports(code: string): Promise<string[]> {
+  if (packagesDir === null) return [];
+  const problems: string[] = [];
+  const quiet = { messageCallback: () => {}, errorCallback: (text: string) => problems.push(text) };
+  try {
+    await pyodide.loadPackagesFromImports(code, quiet);
+    const found = findImports!(code) as { toJs(): string[]; destroy(): void };
+    const names = found.toJs();
+    found.destroy();
+    const wanted = names.map((name) => normalize(name.split(".")[0])).filter((n) => !loadedWheels.has(n));
+    if (wanted.length) {
+      const wheels = wheelsInFolder();
+      for (const name of wanted) {
+        const wheel = wheels.get(name);
+        if (wheel === undefined) continue;
+        await pyodide.loadPackage(wheel, quiet);
+        loadedWheels.add(name);
+      }
+    }
+  } catch (error) {
+    problems.push(String(error));
+  }
+  return problems.map((text) =>
+    `package loading: ${text} (fill the packages folder with \`mcp-sandbox warmup --packages NAME\`)`
+  );
+}
+
 async function init(
   guestRuntime: string,
   buffer: Uint8Array,
   state: Int32Array,
   data: SharedArrayBuffer,
   dataDir: string | undefined,
+  packages: string | undefined,
 ): Promise<void> {
   const started = performance.now();
-  pyodide = await loadPyodide({ env: { HOME, MPLBACKEND: "Agg" } });
+  pyodide = await loadPyodide({
+    env: { HOME, MPLBACKEND: "Agg" },
+    ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
+  });
+  if (packages) {
+    packagesDir = packages;
+    findImports = pyodide.pyimport("pyodide.code").find_imports;
+  }
   pyodide.FS.mkdirTree(`${HOME}/output`);
   pyodide.FS.mkdirTree(GUEST_DATA);
   pyodide.FS.chdir(HOME);
@@ -175,8 +230,10 @@ async function run(message: RunMessage): Promise<void> {
   interruptBuffer[0] = 0;
   currentId = id;
   let outcome: unknown;
+  let problems: string[] = [];
   try {
     refreshData();
+    problems = await loadImports(message.code);
     outcome = runProgram(message.code, message.max_output_chars, message.tools, message.output);
     if (typeof outcome !== "string") {
       // A program with top-level `await` comes back as an awaitable.
@@ -191,6 +248,11 @@ async function run(message: RunMessage): Promise<void> {
   } finally {
     currentId = null;
   }
+  if (problems.length) {
+    const parsed = JSON.parse(outcome as string);
+    parsed.notes = [...problems, ...(parsed.notes ?? [])];
+    outcome = JSON.stringify(parsed);
+  }
   post(id, `{"type":"result","id":${id},"outcome":${outcome as string}}`);
 }
 
@@ -204,6 +266,7 @@ self.onmessage = async (event: MessageEvent) => {
         message.syncState,
         message.syncData,
         message.dataDir,
+        message.packagesDir,
       );
     } catch (error) {
       post(null, JSON.stringify({ type: "fatal", message: `Pyodide failed to load: ${error}` }));

@@ -13,7 +13,9 @@ from pydantic import ValidationError
 
 from mcp_sandbox import __version__
 from mcp_sandbox.backends.base import SandboxStartError
+from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version
 from mcp_sandbox.bridge.config import BridgeConfigError
+from mcp_sandbox.packages import PackageError, default_index_url, warm_packages
 from mcp_sandbox.server import App, build_server
 from mcp_sandbox.settings import Settings
 
@@ -48,7 +50,32 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides MCP_SANDBOX_LOG_LEVEL"
     )
+    warmup = commands.add_parser(
+        "warmup",
+        help="fetch Pyodide, and Pyodide packages, for offline use",
+        description="Fetch Pyodide into the cache and, with --packages, packages of the Pyodide "
+        "distribution (with their dependencies) into the packages folder, so sandboxes load them offline.",
+    )
+    warmup.add_argument("--packages", default="", help="comma-separated, e.g. numpy,pandas,matplotlib")
+    warmup.add_argument("--index-url", help="where to fetch them (default: the Pyodide CDN for this version)")
     return parser
+
+
+async def warm_up(settings: Settings, packages: list[str], index_url: str | None) -> None:
+    deno = find_deno(settings)
+    if deno is None:
+        raise SandboxStartError("no Deno found: the pyodide backend cannot be warmed up")
+    async with anyio.create_task_group() as group:
+        # Only prepare() is used here, which starts no tasks.
+        backend = PyodideBackend(settings, group, deno)
+    await backend.prepare()
+    print(f"Pyodide {pyodide_version()} is in {settings.cache_dir}", file=sys.stderr)
+    if packages:
+        url = index_url or default_index_url(pyodide_version())
+        folder = settings.packages_folder
+        print(f"fetching into {folder} from {url}", file=sys.stderr)
+        fetched = await anyio.to_thread.run_sync(warm_packages, backend.lock_file(), packages, folder, url)
+        print(f"{len(fetched)} package files fetched", file=sys.stderr)
 
 
 def _is_loopback(host: str) -> bool:
@@ -88,6 +115,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.command == "warmup":
+        names = [name.strip() for name in args.packages.split(",") if name.strip()]
+        try:
+            anyio.run(warm_up, settings, names, args.index_url)
+        except (SandboxStartError, PackageError) as error:
+            sys.exit(f"mcp-sandbox warmup: {error}")
+        return
     transport: Transport = getattr(args, "transport", "stdio")
     host: str = getattr(args, "host", "127.0.0.1")
     port: int = getattr(args, "port", 8000)

@@ -101,6 +101,12 @@ class PyodideBackend(Backend):
         self._pyodide_dir = found[0]
         logger.info("Pyodide %s ready in %s", self._version, self._pyodide_dir)
 
+    def lock_file(self) -> Path:
+        """Pyodide's lock file: every package of its distribution, with dependencies and sha256."""
+        if self._pyodide_dir is None:
+            raise SandboxStartError("PyodideBackend.prepare() has not run")
+        return self._pyodide_dir / "pyodide-lock.json"
+
     def command(self) -> list[str]:
         if self._pyodide_dir is None:
             raise SandboxStartError("PyodideBackend.prepare() has not run")
@@ -120,6 +126,8 @@ class PyodideBackend(Backend):
         readable = [self._runner, self._pyodide_dir]
         if self._settings.data_dir is not None:
             readable.append(self._settings.data_dir)
+        if self._settings.packages_folder.is_dir():
+            readable.append(self._settings.packages_folder)
         return [path for path in readable if path is not None]
 
     async def start(self) -> Executor:
@@ -127,6 +135,8 @@ class PyodideBackend(Backend):
         executor = PyodideExecutor(process, self._settings.max_output_chars)
         if self._settings.data_dir is not None:
             executor.init_message["data_dir"] = str(self._settings.data_dir)
+        if self._settings.packages_folder.is_dir():
+            executor.init_message["packages_dir"] = str(self._settings.packages_folder)
         return await start_process_executor(executor, self._task_group, self._settings.start_timeout)
 
     def describe(self) -> str:
