@@ -11,6 +11,7 @@ type HostMessage =
   | { type: "interrupt"; id: number }
   | { type: "tool_result"; call: number; reply: string };
 
+// `id` is set only on the message that ends run `id` (its result, or a crash).
 type WorkerMessage = { id: number | null; json: string; exiting: boolean; syncCall?: number };
 
 const encoder = new TextEncoder();

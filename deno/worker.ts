@@ -33,12 +33,12 @@ const decoder = new TextDecoder();
 
 function requestTool(call: number, server: string, tool: string, args: string, sync: boolean): void {
   const json = JSON.stringify({ type: "tool_call", call, server, tool, arguments: args });
-  postToMain({ id: currentId, json, exiting: false, ...(sync ? { syncCall: call } : {}) });
+  postToMain({ id: null, json, exiting: false, ...(sync ? { syncCall: call } : {}) });
 }
 
 const transport = {
   progress(line: string): void {
-    postToMain({ id: currentId, json: JSON.stringify({ type: "progress", line }), exiting: false });
+    postToMain({ id: null, json: JSON.stringify({ type: "progress", line }), exiting: false });
   },
   call_sync(server: string, tool: string, args: string): string {
     const call = ++callNumber;
