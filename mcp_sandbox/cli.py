@@ -9,12 +9,14 @@ import sys
 from typing import Any, Literal
 
 import anyio
+import uvicorn
 from pydantic import ValidationError
 
 from mcp_sandbox import __version__
 from mcp_sandbox.backends.base import SandboxStartError
 from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version
 from mcp_sandbox.bridge.config import BridgeConfigError
+from mcp_sandbox.http_auth import BearerAuth
 from mcp_sandbox.packages import PackageError, default_index_url, warm_packages
 from mcp_sandbox.server import App, build_server
 from mcp_sandbox.settings import Settings
@@ -92,12 +94,17 @@ async def serve(settings: Settings, transport: Transport, host: str, port: int) 
         server = build_server(app)
         if transport == "stdio":
             await server.run_stdio_async()
-        elif transport == "sse":
+            return
+        if transport == "sse":
             logger.info("serving MCP over SSE at http://%s:%d/sse", host, port)
-            await server.run_sse_async(host=host, port=port)
+            web_app: Any = server.sse_app(host=host)
         else:
             logger.info("serving MCP over streamable HTTP at http://%s:%d/mcp", host, port)
-            await server.run_streamable_http_async(host=host, port=port)
+            web_app = server.streamable_http_app(host=host)
+        if settings.auth_token is not None:
+            web_app = BearerAuth(web_app, settings.auth_token.get_secret_value())
+        config = uvicorn.Config(web_app, host=host, port=port, log_level=settings.log_level.lower())
+        await uvicorn.Server(config).serve()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -125,8 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     transport: Transport = getattr(args, "transport", "stdio")
     host: str = getattr(args, "host", "127.0.0.1")
     port: int = getattr(args, "port", 8000)
-    if transport != "stdio" and not _is_loopback(host):
-        logger.warning("listening on %s: anyone who can reach this address can run code in the sandbox", host)
+    if transport != "stdio" and not _is_loopback(host) and settings.auth_token is None:
+        logger.warning(
+            "LISTENING ON %s WITHOUT A TOKEN: anyone who can reach this address can run code here. "
+            "Set MCP_SANDBOX_AUTH_TOKEN to require Authorization: Bearer <token>.",
+            host,
+        )
     try:
         anyio.run(serve, settings, transport, host, port)
     except (SandboxStartError, BridgeConfigError) as error:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mcp_sandbox.result import OutputLimits
@@ -51,7 +51,17 @@ class Settings(BaseSettings):
         60.0, gt=0, description="Seconds a call waits for a free sandbox before it gets an error."
     )
     start_timeout: float = Field(60.0, gt=0, description="Seconds a new sandbox may take to start.")
-    memory_mb: int = Field(512, ge=64, description="subprocess: address-space limit per worker (RLIMIT_AS).")
+    memory_mb: int = Field(
+        512,
+        ge=64,
+        description="Memory per sandbox: subprocess, its address space (RLIMIT_AS); pyodide, its resident "
+        "memory (a host-side watchdog) and V8 heap.",
+    )
+    allow_net: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9.\-:\[\]]+(,[A-Za-z0-9.\-:\[\]]+)*$",
+        description="pyodide: hosts (host or host:port, comma-separated) code may reach; unset: none.",
+    )
     cpu_seconds: int = Field(900, ge=1, description="subprocess: CPU seconds a worker may use in its life.")
     max_open_files: int = Field(256, ge=16, description="subprocess: open files per worker.")
     max_file_mb: int = Field(64, ge=1, description="subprocess: largest file a worker may write.")
@@ -83,6 +93,9 @@ class Settings(BaseSettings):
     )
     save_code: Path | None = Field(
         None, description="Folder where each executed program is saved as a .py file."
+    )
+    auth_token: SecretStr | None = Field(
+        None, min_length=16, description="HTTP/SSE: require Authorization: Bearer <token> on every request."
     )
     bridge_config: Path | None = Field(
         None,

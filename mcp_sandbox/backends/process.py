@@ -23,14 +23,35 @@ logger = logging.getLogger(__name__)
 
 GUEST_RUNTIME_SOURCE = Path(guest_runtime.__file__).read_text(encoding="utf-8")
 STDERR_TAIL_BYTES = 4096
+MB = 1024 * 1024
+#: Seconds between two looks at a sandbox's resident memory.
+MEMORY_POLL = 0.1
+
+
+def resident_bytes(pid: int) -> int | None:
+    """The process's resident memory (VmRSS), or None where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 async def start_process_executor(
-    executor: ProcessExecutor, task_group: anyio.abc.TaskGroup, start_timeout: float
+    executor: ProcessExecutor,
+    task_group: anyio.abc.TaskGroup,
+    start_timeout: float,
+    memory_limit: int | None = None,
 ) -> ProcessExecutor:
-    """Wire up the executor's readers and wait for its `ready`; raises SandboxStartError."""
+    """Wire up the executor's readers (and memory watchdog, given a limit in bytes) and wait for
+    its `ready`; raises SandboxStartError."""
     task_group.start_soon(executor.read_stdout)
     task_group.start_soon(executor.read_stderr)
+    if memory_limit is not None and resident_bytes(executor.pid) is not None:
+        task_group.start_soon(executor.watch_memory, memory_limit)
     try:
         with anyio.fail_after(start_timeout):
             await executor.initialize()
@@ -46,10 +67,12 @@ class ProcessExecutor(Executor):
     """A sandbox that is a child process speaking the runner protocol (protocol.py) on its
     stdin and stdout. Subclasses name the backend and may interrupt differently."""
 
-    def __init__(self, process: anyio.abc.Process, max_output_chars: int) -> None:
+    def __init__(
+        self, process: anyio.abc.Process, max_output_chars: int, max_artifact_bytes: int = 0
+    ) -> None:
         self._process = process
         self._token = secrets.token_hex(16)
-        self._max_line = protocol.max_line_bytes(max_output_chars)
+        self._max_line = protocol.max_line_bytes(max_output_chars, max_artifact_bytes)
         self._send_messages: MemoryObjectSendStream[dict[str, Any]]
         self._messages: MemoryObjectReceiveStream[dict[str, Any]]
         self._send_messages, self._messages = anyio.create_memory_object_stream[dict[str, Any]](16)
@@ -65,6 +88,7 @@ class ProcessExecutor(Executor):
             "guest_runtime": GUEST_RUNTIME_SOURCE,
         }
         self._death: str | None = None
+        self._over_memory = False
         self.forged_lines = 0
 
     @property
@@ -180,6 +204,21 @@ class ProcessExecutor(Executor):
         finally:
             self._send_messages.close()
 
+    async def watch_memory(self, limit: int) -> None:
+        """Kill the sandbox when its resident memory passes `limit` bytes: the host-side cap for
+        a runtime (Pyodide) whose WebAssembly memory no in-process limit bounds."""
+        while self._process.returncode is None and not self._closed:
+            used = resident_bytes(self.pid)
+            if used is not None and used > limit:
+                self._over_memory = True
+                self._death = (
+                    f"the sandbox used {used // MB} MB of memory, over its limit of {limit // MB} MB "
+                    "(MCP_SANDBOX_MEMORY_MB); it was stopped"
+                )
+                self._process.kill()
+                return
+            await anyio.sleep(MEMORY_POLL)
+
     async def read_stderr(self) -> None:
         """Keep the tail of the runner's stderr for error messages; never let the pipe fill."""
         assert self._process.stderr is not None
@@ -214,6 +253,8 @@ class ProcessExecutor(Executor):
             with anyio.move_on_after(1):
                 await self._process.wait()
         reason, tail = self._death_reason(), self.stderr_tail()
+        if self._over_memory:
+            return SandboxDied(reason, "MemoryLimit")
         if "out of memory" in tail.lower() or "heap limit" in tail.lower():
             return SandboxDied(f"{reason}: out of memory{tail}", "MemoryLimit")
         return SandboxDied(reason + tail)

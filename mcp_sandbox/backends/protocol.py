@@ -84,9 +84,10 @@ def encode(message: HostMessage) -> bytes:
     return json.dumps(message, ensure_ascii=False).encode() + b"\n"
 
 
-def max_line_bytes(max_output_chars: int) -> int:
-    """Longest genuine runner line: four capped text fields, each char at most six JSON bytes."""
-    return 4 * 6 * (max_output_chars + 200) + 65_536
+def max_line_bytes(max_output_chars: int, max_artifact_bytes: int = 0) -> int:
+    """Longest genuine runner line: four capped text fields, each char at most six JSON bytes,
+    plus figures and output files sent inline as base64 (4 characters for every 3 bytes)."""
+    return 4 * 6 * (max_output_chars + 200) + (max_artifact_bytes * 4) // 3 + 65_536
 
 
 def open_envelope(line: bytes, token: str) -> dict[str, Any] | None:

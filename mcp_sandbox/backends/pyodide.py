@@ -18,7 +18,7 @@ import anyio
 import anyio.abc
 
 from mcp_sandbox.backends.base import Backend, Executor, SandboxStartError
-from mcp_sandbox.backends.process import ProcessExecutor, start_process_executor
+from mcp_sandbox.backends.process import MB, ProcessExecutor, start_process_executor
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -115,10 +115,13 @@ class PyodideBackend(Backend):
             "run",
             "--no-prompt",
             "--cached-only",
+            # The JavaScript heap's own cap; WebAssembly memory is capped by the host's watchdog.
+            f"--v8-flags=--max-old-space-size={self._settings.memory_mb}",
             "--config",
             str(self._runner / "deno.json"),
             # Only what loading the runner and Pyodide needs, and the data folder; all else is denied.
             "--allow-read=" + ",".join(str(path) for path in self._readable()),
+            *([f"--allow-net={self._settings.allow_net}"] if self._settings.allow_net else []),
             str(self._runner / "runner.ts"),
         ]
 
@@ -132,19 +135,26 @@ class PyodideBackend(Backend):
 
     async def start(self) -> Executor:
         process = await anyio.open_process(self.command(), env=self._sandbox_env(), start_new_session=True)
-        executor = PyodideExecutor(process, self._settings.max_output_chars)
+        settings = self._settings
+        executor = PyodideExecutor(process, settings.max_output_chars, settings.output_limits().max_bytes)
         if self._settings.data_dir is not None:
             executor.init_message["data_dir"] = str(self._settings.data_dir)
         if self._settings.packages_folder.is_dir():
             executor.init_message["packages_dir"] = str(self._settings.packages_folder)
-        return await start_process_executor(executor, self._task_group, self._settings.start_timeout)
+        return await start_process_executor(
+            executor, self._task_group, settings.start_timeout, memory_limit=settings.memory_mb * MB
+        )
 
     def describe(self) -> str:
         return (
             f"Python runs in Pyodide {self._version} (CPython compiled to WebAssembly) inside a Deno "
-            "process with no network, no host files and no host environment variables; "
+            f"process with {self._network()}, no host files and no host environment variables; "
             "the standard library is available."
         )
+
+    def _network(self) -> str:
+        allowed = self._settings.allow_net
+        return f"network access only to {allowed} (pyodide.http.pyfetch)" if allowed else "no network"
 
 
 class PyodideExecutor(ProcessExecutor):

@@ -57,7 +57,9 @@ class SubprocessBackend(Backend):
         }
         command = [sys.executable, "-I", str(WORKER), self._limits]
         process = await anyio.open_process(command, cwd=workdir, env=env, start_new_session=True)
-        executor = SubprocessExecutor(process, self._settings.max_output_chars, workdir)
+        executor = SubprocessExecutor(
+            process, self._settings.max_output_chars, workdir, self._settings.output_limits().max_bytes
+        )
         if self._settings.data_dir is not None:
             executor.init_message["data_dir"] = str(self._settings.data_dir)
         return await start_process_executor(executor, self._task_group, self._settings.start_timeout)
@@ -73,8 +75,10 @@ class SubprocessBackend(Backend):
 class SubprocessExecutor(ProcessExecutor):
     backend: ClassVar[str] = "subprocess"
 
-    def __init__(self, process: anyio.abc.Process, max_output_chars: int, workdir: Path) -> None:
-        super().__init__(process, max_output_chars)
+    def __init__(
+        self, process: anyio.abc.Process, max_output_chars: int, workdir: Path, max_artifact_bytes: int = 0
+    ) -> None:
+        super().__init__(process, max_output_chars, max_artifact_bytes)
         self._workdir = workdir
 
     def _output_file_bytes(self, file: GuestFile, path: str) -> bytes | None:

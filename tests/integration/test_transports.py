@@ -15,18 +15,23 @@ import anyio.to_thread
 import pytest
 from mcp import Client
 from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from tests.integration.conftest import call, free_port, server_env, wait_for_port
 
 pytestmark = pytest.mark.anyio
 
 
+TOKEN = "a-test-token-0123456789"
+
+
 @asynccontextmanager
-async def running_server(transport: str) -> AsyncIterator[int]:
+async def running_server(transport: str, **env: str) -> AsyncIterator[int]:
     port = free_port()
     command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", transport, "--port", str(port)]
     process = await anyio.open_process(
-        command, env=server_env(MCP_SANDBOX_POOL_SIZE="1"), stdout=subprocess.DEVNULL
+        command, env=server_env(MCP_SANDBOX_POOL_SIZE="1", **env), stdout=subprocess.DEVNULL
     )
     try:
         await wait_for_port(port, process)
@@ -52,6 +57,35 @@ async def test_sse() -> None:
     async with running_server("sse") as port, Client(sse_client(f"http://127.0.0.1:{port}/sse")) as client:
         result = await call(client, "sum(range(10))")
         assert result["result"] == "45"
+
+
+def status_of(port: int, path: str, headers: dict[str, str], method: str = "POST") -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}) if method == "POST" else None
+    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    connection.request(method, path, body=body, headers={**base, **headers})
+    status = connection.getresponse().status
+    connection.close()
+    return status
+
+
+@pytest.mark.parametrize(("transport", "path"), [("http", "/mcp"), ("sse", "/sse")])
+async def test_a_token_is_required_when_set(transport: str, path: str) -> None:
+    method = "POST" if transport == "http" else "GET"
+    async with running_server(
+        transport, MCP_SANDBOX_AUTH_TOKEN=TOKEN, MCP_SANDBOX_BACKEND="inprocess"
+    ) as port:
+        for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": TOKEN}):
+            assert await anyio.to_thread.run_sync(status_of, port, path, headers, method) == 401, headers
+        url = f"http://127.0.0.1:{port}{path}"
+        http_client = create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"})
+        transport_client = (
+            streamable_http_client(url, http_client=http_client)
+            if transport == "http"
+            else sse_client(url, headers={"Authorization": f"Bearer {TOKEN}"})
+        )
+        async with http_client, Client(transport_client) as client:
+            assert (await call(client, "6 * 7"))["result"] == "42"
 
 
 async def test_http_rejects_a_foreign_host_header() -> None:
