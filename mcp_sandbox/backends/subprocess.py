@@ -8,6 +8,7 @@ network: it is the fallback for when Deno is not available, not a wall.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import signal
 import sys
@@ -25,6 +26,10 @@ from mcp_sandbox.result import GuestFile
 from mcp_sandbox.settings import Settings
 
 WORKER = Path(__file__).resolve().with_name("cpython_worker.py")
+#: A new user namespace (so no privilege is needed) with a new, empty network namespace.
+UNSHARE_ARGS = ["--user", "--map-root-user", "--net", "--"]
+
+logger = logging.getLogger(__name__)
 
 
 class SubprocessBackend(Backend):
@@ -42,6 +47,23 @@ class SubprocessBackend(Backend):
                 "processes": settings.max_processes,
             }
         )
+        #: The command prefix that puts a worker in its own network namespace, when Linux allows it.
+        self.isolation: list[str] = []
+
+    async def prepare(self) -> None:
+        unshare = shutil.which("unshare")
+        if unshare is not None:
+            probe = [unshare, *UNSHARE_ARGS, "true"]
+            with anyio.move_on_after(10):
+                if (await anyio.run_process(probe, check=False)).returncode == 0:
+                    self.isolation = [unshare, *UNSHARE_ARGS]
+        if self.isolation:
+            logger.info("subprocess backend: each worker has its own empty network namespace (no network)")
+        else:
+            logger.warning(
+                "subprocess backend: user namespaces are not available (unshare), so workers share the "
+                "host's network"
+            )
 
     async def start(self) -> Executor:
         workdir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-"))
@@ -55,7 +77,7 @@ class SubprocessBackend(Backend):
             "OMP_NUM_THREADS": "1",
             "MPLBACKEND": "Agg",
         }
-        command = [sys.executable, "-I", str(WORKER), self._limits]
+        command = [*self.isolation, sys.executable, "-I", str(WORKER), self._limits]
         process = await anyio.open_process(command, cwd=workdir, env=env, start_new_session=True)
         executor = SubprocessExecutor(
             process, self._settings.max_output_chars, workdir, self._settings.output_limits().max_bytes
@@ -68,7 +90,8 @@ class SubprocessBackend(Backend):
         return (
             f"Python {sys.version.split()[0]} runs in a separate CPython process with the server's "
             f"packages (numpy and pandas where installed), limited to {self._settings.memory_mb} MB of "
-            "memory, with an empty environment and a private temporary working directory."
+            "memory, with an empty environment and a private temporary working directory"
+            + ("; it has no network." if self.isolation else ".")
         )
 
 

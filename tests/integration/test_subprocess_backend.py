@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import AsyncIterator
 
+import anyio
+import anyio.abc
 import pytest
 from mcp import Client
 
+from mcp_sandbox.backends.subprocess import UNSHARE_ARGS
 from tests.integration.conftest import call, server_params
 
 pytestmark = pytest.mark.anyio
@@ -67,3 +72,34 @@ async def test_auto_falls_back_to_subprocess_when_deno_is_missing() -> None:
     params = server_params(MCP_SANDBOX_BACKEND="auto", MCP_SANDBOX_DENO_PATH="/nonexistent/deno")
     async with Client(params) as client:
         assert (await call(client, "import sys\nsys.implementation.name"))["backend"] == "subprocess"
+
+
+def user_namespaces_work() -> bool:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    return subprocess.run([unshare, *UNSHARE_ARGS, "true"], capture_output=True, timeout=10).returncode == 0
+
+
+async def test_workers_have_no_network_where_namespaces_allow(client: Client) -> None:
+    if not user_namespaces_work():
+        pytest.skip("unshare --user --net is not available here, so workers share the host's network")
+    connections: list[str] = []
+
+    async def note(stream: anyio.abc.SocketStream) -> None:
+        connections.append("connected")
+        await stream.aclose()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as group:
+        group.start_soon(listener.serve, note)
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)"
+        result = await call(client, code)
+        group.cancel_scope.cancel()
+    assert result["success"] is False and result["error_type"] in {"OSError", "ConnectionRefusedError"}, (
+        result
+    )
+    assert connections == []
+    tools = {tool.name: tool.description for tool in (await client.list_tools()).tools}
+    assert "no network" in (tools["execute_python"] or "")
