@@ -168,6 +168,16 @@ async def test_code_that_swallows_the_interrupt_is_killed(client: Client) -> Non
     assert (await call(client, "1 + 1", session_id="stubborn"))["result"] == "2"
 
 
+async def test_a_memory_bomb_is_stopped_and_the_server_keeps_serving(client: Client, backend: str) -> None:
+    needs_isolation(backend, "the server's own memory has no cap apart from the machine's")
+    await call(client, "kept = 'yes'", session_id="bomb")
+    result = await call(client, "x = bytearray(2_000_000_000)", session_id="bomb", timeout=20)
+    assert result["success"] is False and result["error_type"] in {"MemoryLimit", "MemoryError"}, result
+    if result["error_type"] == "MemoryLimit":
+        assert result["session_lost"] is True and "MCP_SANDBOX_MEMORY_MB" in result["error"]
+    assert (await call(client, "'still serving'"))["result"] == "'still serving'"
+
+
 async def test_javascript_loop_is_killed_at_the_timeout(client: Client, backend: str) -> None:
     needs_pyodide(backend, "JavaScript exists only there")
     result = await call(client, "import js\njs.eval('while (true) {}')", timeout=1)
