@@ -5,14 +5,25 @@
 // while the worker is busy, and it alone knows the session token that marks genuine
 // lines on stdout: code in the worker can write to stdout, but cannot forge a token.
 
+type InitMessage = {
+  type: "init";
+  token: string;
+  guest_runtime: string;
+  pyodide_dir: string;
+  data_dir?: string;
+  packages_dir?: string;
+  allow_net?: string;
+};
 type HostMessage =
-  | { type: "init"; token: string; guest_runtime: string; data_dir?: string; packages_dir?: string }
+  | InitMessage
   | { type: "run"; id: number; code: string; max_output_chars: number; tools?: string }
   | { type: "interrupt"; id: number }
   | { type: "tool_result"; call: number; reply: string };
 
 // `id` is set only on the message that ends run `id` (its result, or a crash).
 type WorkerMessage = { id: number | null; json: string; exiting: boolean; syncCall?: number };
+// What a worker may send between results; anything else without a run id is dropped.
+const PASSING = new Set(["progress", "tool_call", "ready", "fatal"]);
 
 const encoder = new TextEncoder();
 let token = "";
@@ -56,14 +67,90 @@ function send(payload: string): void {
 
 let worker: Worker | null = null;
 
-function startWorker(init: Extract<HostMessage, { type: "init" }>): Worker {
-  const started = new Worker(new URL("./worker.ts", import.meta.url), { type: "module" });
+// data/: this thread copies the host's data folder into the worker (regular files only, never
+// links, so nothing outside the folder is read), when a sandbox starts and when a file changes.
+// The worker itself has no permission to read the folder.
+const sentData = new Map<string, string>();
+
+function dataChanges(root: string): { files: { path: string; bytes: Uint8Array }[]; removed: string[] } {
+  const files: { path: string; bytes: Uint8Array }[] = [];
+  const seen = new Set<string>();
+  const walk = (folder: string, relative: string): void => {
+    for (const entry of Deno.readDirSync(folder)) {
+      const path = relative ? `${relative}/${entry.name}` : entry.name;
+      if (entry.isDirectory) walk(`${folder}/${entry.name}`, path);
+      if (!entry.isFile) continue;
+      const info = Deno.lstatSync(`${folder}/${entry.name}`);
+      const stamp = `${info.size}:${info.mtime?.getTime()}`;
+      seen.add(path);
+      if (sentData.get(path) === stamp) continue;
+      files.push({ path, bytes: Deno.readFileSync(`${folder}/${entry.name}`) });
+      sentData.set(path, stamp);
+    }
+  };
+  walk(root, "");
+  const removed = [...sentData.keys()].filter((path) => !seen.has(path));
+  for (const path of removed) sentData.delete(path);
+  return { files, removed };
+}
+
+function sendData(target: Worker, root: string | undefined): void {
+  if (!root) return;
+  try {
+    const { files, removed } = dataChanges(root);
+    if (files.length || removed.length) {
+      target.postMessage({ type: "data", files, removed }, files.map((file) => file.bytes.buffer));
+    }
+  } catch (error) {
+    send(JSON.stringify({ type: "progress", line: `data/ could not be refreshed: ${error}` }));
+  }
+}
+
+let init: InitMessage | null = null;
+
+function startWorker(message: InitMessage): Worker {
+  // The worker runs sandboxed code: it gets less than this thread, only what loading Pyodide
+  // and its packages needs, and the network hosts the operator allowed.
+  const read = [new URL(".", import.meta.url).pathname, message.pyodide_dir];
+  if (message.packages_dir) read.push(message.packages_dir);
+  const permissions = {
+    read,
+    net: message.allow_net ? message.allow_net.split(",") : false,
+    env: false,
+    run: false,
+    write: false,
+    ffi: false,
+    sys: false,
+    import: false,
+  } as const;
+  const started = new Worker(new URL("./worker.ts", import.meta.url), {
+    type: "module",
+    deno: { permissions },
+  } as WorkerOptions);
   started.onmessage = (event: MessageEvent<WorkerMessage>) => {
-    if (event.data.syncCall !== undefined) pendingSyncCall = event.data.syncCall;
-    else if (event.data.id !== null && event.data.id === runningId) runningId = null;
-    send(event.data.json);
+    const { id, json, exiting, syncCall } = event.data;
+    if (id === null) {
+      // Sandboxed code can post too: between results only these kinds pass, never a result.
+      let kind: unknown;
+      try {
+        kind = JSON.parse(json)?.type;
+      } catch {
+        kind = undefined;
+      }
+      if (!PASSING.has(kind as string)) {
+        if (exiting) Deno.exit(70);
+        return;
+      }
+      if (syncCall !== undefined) pendingSyncCall = syncCall;
+    } else if (id === runningId) {
+      runningId = null;
+    } else {
+      if (exiting) Deno.exit(70);
+      return; // a result for a run that is not running is forged or stale
+    }
+    send(json);
     // A worker that crashed or exited is gone for good, and so is this sandbox.
-    if (event.data.exiting) Deno.exit(70);
+    if (exiting) Deno.exit(70);
   };
   started.onerror = (event: ErrorEvent) => {
     event.preventDefault();
@@ -72,13 +159,13 @@ function startWorker(init: Extract<HostMessage, { type: "init" }>): Worker {
   };
   started.postMessage({
     type: "init",
-    guest_runtime: init.guest_runtime,
+    guest_runtime: message.guest_runtime,
     interruptBuffer,
     syncState,
     syncData,
-    dataDir: init.data_dir,
-    packagesDir: init.packages_dir,
+    packagesDir: message.packages_dir,
   });
+  sendData(started, message.data_dir);
   return started;
 }
 
@@ -86,10 +173,12 @@ function handle(message: HostMessage): void {
   switch (message.type) {
     case "init":
       token = message.token;
+      init = message;
       worker ??= startWorker(message);
       break;
     case "run":
       runningId = message.id;
+      if (worker) sendData(worker, init?.data_dir);
       worker?.postMessage(message);
       break;
     case "interrupt":

@@ -84,55 +84,40 @@ function announceExit(target: object, name: string): void {
 announceExit(Deno, "exit");
 announceExit(self, "close");
 
-// The session's working directory: data/ is a read-only copy of the host's data folder, taken
-// from disk (never through the host channel) and refreshed when a file there changes; output/
-// is where the program leaves files for the host.
+// The session's working directory: data/ is a read-only copy of the host's data folder, sent
+// by the runner's main thread (this worker may not read the folder); output/ is where the
+// program leaves files for the host.
 const HOME = "/home/sandbox";
 const GUEST_DATA = `${HOME}/data`;
-let hostDataDir: string | null = null;
-const copied = new Map<string, string>();
 
-function copyTree(host: string, guest: string, seen: Set<string>): void {
+function setFolderModes(folder: string, mode: number): void {
   const FS = pyodide.FS;
-  for (const entry of Deno.readDirSync(host)) {
-    const hostPath = `${host}/${entry.name}`;
-    const guestPath = `${guest}/${entry.name}`;
-    if (entry.isDirectory) {
-      if (!FS.analyzePath(guestPath).exists) FS.mkdir(guestPath);
-      FS.chmod(guestPath, 0o755);
-      copyTree(hostPath, guestPath, seen);
-      FS.chmod(guestPath, 0o555);
-    } else if (entry.isFile) {
-      // Links are skipped: they could point outside the folder the sandbox may read.
-      const info = Deno.statSync(hostPath);
-      const stamp = `${info.size}:${info.mtime?.getTime()}`;
-      seen.add(guestPath);
-      if (copied.get(guestPath) === stamp) continue;
-      if (FS.analyzePath(guestPath).exists) FS.chmod(guestPath, 0o644);
-      FS.writeFile(guestPath, Deno.readFileSync(hostPath));
-      FS.chmod(guestPath, 0o444);
-      copied.set(guestPath, stamp);
-    }
+  FS.chmod(folder, mode);
+  for (const name of FS.readdir(folder)) {
+    if (name === "." || name === "..") continue;
+    const path = `${folder}/${name}`;
+    if (FS.isDir(FS.stat(path).mode)) setFolderModes(path, mode);
   }
 }
 
-function refreshData(): void {
-  if (hostDataDir === null) return;
+function applyData(files: { path: string; bytes: Uint8Array }[], removed: string[]): void {
   const FS = pyodide.FS;
-  FS.chmod(GUEST_DATA, 0o755);
-  const seen = new Set<string>();
+  setFolderModes(GUEST_DATA, 0o755);
   try {
-    copyTree(hostDataDir, GUEST_DATA, seen);
-  } finally {
-    for (const path of copied.keys()) {
-      if (!seen.has(path)) {
-        copied.delete(path);
-        try {
-          FS.unlink(path);
-        } catch { /* already gone */ }
-      }
+    for (const path of removed) {
+      try {
+        FS.unlink(`${GUEST_DATA}/${path}`);
+      } catch { /* already gone */ }
     }
-    FS.chmod(GUEST_DATA, 0o555);
+    for (const { path, bytes } of files) {
+      const target = `${GUEST_DATA}/${path}`;
+      FS.mkdirTree(target.slice(0, target.lastIndexOf("/")));
+      if (FS.analyzePath(target).exists) FS.chmod(target, 0o644);
+      FS.writeFile(target, bytes);
+      FS.chmod(target, 0o444);
+    }
+  } finally {
+    setFolderModes(GUEST_DATA, 0o555);
   }
 }
 
@@ -188,7 +173,6 @@ async function init(
   buffer: Uint8Array,
   state: Int32Array,
   data: SharedArrayBuffer,
-  dataDir: string | undefined,
   packages: string | undefined,
 ): Promise<void> {
   const started = performance.now();
@@ -203,10 +187,6 @@ async function init(
   pyodide.FS.mkdirTree(`${HOME}/output`);
   pyodide.FS.mkdirTree(GUEST_DATA);
   pyodide.FS.chdir(HOME);
-  if (dataDir) {
-    hostDataDir = dataDir;
-    refreshData();
-  }
   interruptBuffer = buffer;
   pyodide.setInterruptBuffer(interruptBuffer);
   const namespace = pyodide.globals.get("dict")();
@@ -232,7 +212,6 @@ async function run(message: RunMessage): Promise<void> {
   let outcome: unknown;
   let problems: string[] = [];
   try {
-    refreshData();
     problems = await loadImports(message.code);
     outcome = runProgram(message.code, message.max_output_chars, message.tools, message.output);
     if (typeof outcome !== "string") {
@@ -256,25 +235,38 @@ async function run(message: RunMessage): Promise<void> {
   post(id, `{"type":"result","id":${id},"outcome":${outcome as string}}`);
 }
 
-self.onmessage = async (event: MessageEvent) => {
-  const message = event.data;
+// init, data and run are handled one after another, in order; a tool_result must not wait
+// behind the run that is waiting for it, so it is handled at once.
+let queue: Promise<void> = Promise.resolve();
+
+async function handle(message: { type: string; [key: string]: unknown }): Promise<void> {
   if (message.type === "init") {
     try {
       await init(
-        message.guest_runtime,
-        message.interruptBuffer,
-        message.syncState,
-        message.syncData,
-        message.dataDir,
-        message.packagesDir,
+        message.guest_runtime as string,
+        message.interruptBuffer as Uint8Array,
+        message.syncState as Int32Array,
+        message.syncData as SharedArrayBuffer,
+        message.packagesDir as string | undefined,
       );
     } catch (error) {
       post(null, JSON.stringify({ type: "fatal", message: `Pyodide failed to load: ${error}` }));
     }
+  } else if (message.type === "data") {
+    applyData(message.files as { path: string; bytes: Uint8Array }[], message.removed as string[]);
   } else if (message.type === "run") {
-    await run(message as RunMessage);
-  } else if (message.type === "tool_result") {
+    await run(message as unknown as RunMessage);
+  }
+}
+
+self.onmessage = (event: MessageEvent) => {
+  const message = event.data;
+  if (message.type === "tool_result") {
     asyncCalls.get(message.call)?.(message.reply);
     asyncCalls.delete(message.call);
+    return;
   }
+  queue = queue.then(() => handle(message)).catch((error) => {
+    post(null, JSON.stringify({ type: "progress", line: `sandbox set-up failed: ${error}` }));
+  });
 };

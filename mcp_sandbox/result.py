@@ -45,15 +45,25 @@ class GuestOutcome(BaseModel):
     notes: list[str] = []
 
     def capped(self, limit: int) -> GuestOutcome:
-        """The same outcome with every text field within `limit`, whatever the guest sent."""
+        """The same outcome with every text field within `limit` and valid UTF-8 (lone
+        surrogates replaced, as JSON output cannot carry them), whatever the guest sent."""
         changes: dict[str, str] = {}
+        truncated = self.truncated
         for name in ("stdout", "stderr", "result", "error"):
             value = getattr(self, name)
-            if value is not None and len(value) > limit + MARKER_SLACK:
-                changes[name] = cap_text(value, limit)[0]
+            if value is None:
+                continue
+            if len(value) > limit + MARKER_SLACK:
+                value, truncated = cap_text(value, limit)[0], True
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                value = value.encode("utf-8", "replace").decode("utf-8")
+            if value is not getattr(self, name):
+                changes[name] = value
         if not changes:
             return self
-        return self.model_copy(update={**changes, "truncated": True})
+        return self.model_copy(update={**changes, "truncated": truncated})
 
 
 class OutputFile(BaseModel):

@@ -36,7 +36,8 @@ from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+#: Letters, digits and _.:- with at least one that is not a dot: a session id names a folder.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:-]*[A-Za-z0-9_:-][A-Za-z0-9_.:-]*$"
 #: How long start-up waits for the upstream servers to list their tools (they keep trying after).
 BRIDGE_STARTUP_WAIT = 15.0
 
@@ -128,9 +129,15 @@ class App:
         return result
 
     def _copy_out(self, result: ExecutionResult) -> None:
-        folder = self.settings.output_dir / (result.session_id or "one-off")  # type: ignore[operator]
+        assert self.settings.output_dir is not None
+        root = self.settings.output_dir.resolve()
+        folder = root / (result.session_id or "one-off")
         for file in result.files:
-            target = folder / file.name
+            target = (folder / file.name).resolve()
+            # Names were checked when the guest reported them; this holds whatever they are.
+            if not target.is_relative_to(folder.resolve()) or not folder.resolve().is_relative_to(root):
+                result.notes.append(f"output/{file.name} was not copied: its path leaves {root}")
+                continue
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(result.artifacts.files[file.name])
@@ -247,6 +254,7 @@ def build_server(app: App) -> MCPServer:
             str | None,
             Field(
                 pattern=SESSION_ID_PATTERN,
+                max_length=128,
                 description="Run in this named session to keep state between calls; omit for a clean run.",
             ),
         ] = None,
@@ -268,7 +276,9 @@ def build_server(app: App) -> MCPServer:
         return tool_result(result)
 
     async def reset_session(
-        session_id: Annotated[str, Field(pattern=SESSION_ID_PATTERN, description="The session to clear.")],
+        session_id: Annotated[
+            str, Field(pattern=SESSION_ID_PATTERN, max_length=128, description="The session to clear.")
+        ],
     ) -> ResetResult:
         """Clear a session: its variables are dropped and its sandbox is stopped."""
         return ResetResult(session_id=session_id, existed=await app.sessions.reset(session_id))

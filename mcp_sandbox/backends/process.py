@@ -107,6 +107,7 @@ class ProcessExecutor(Executor):
         logger.debug("%s sandbox %d ready", self.backend, self.pid)
 
     async def _submit(self, request: RunRequest) -> None:
+        self._drain_stale_messages()
         self._run_id += 1
         message: protocol.RunMessage = {
             "type": "run",
@@ -143,6 +144,14 @@ class ProcessExecutor(Executor):
                     self._deliver_tool_result,
                 )
             # Anything else is stale or forged by the sandbox itself: it only concerns this run.
+
+    def _drain_stale_messages(self) -> None:
+        """Drop what arrived between runs: a program may leave a timer that forges messages."""
+        while True:
+            try:
+                self._messages.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return
 
     async def _deliver_tool_result(self, call: int, reply: str) -> None:
         await self._send({"type": "tool_result", "call": call, "reply": reply})

@@ -8,10 +8,11 @@ sandboxed code never runs there, so a line the sandbox prints itself (``console.
 ``js.Deno.stdout``) carries no valid token and is dropped.
 
 Host -> runner:
-    init       {type, token, guest_runtime, data_dir?, packages_dir?}
+    init       {type, token, guest_runtime, pyodide_dir?, data_dir?, packages_dir?, allow_net?}
                                               first line, once: the token, the Python source of
-                                              guest_runtime.py to load, and the host folders the
-                                              sandbox may read (data/ and packages).
+                                              guest_runtime.py to load, the host folders the
+                                              sandbox reads (Pyodide, data/, packages) and the
+                                              hosts it may reach.
     run        {type, id, code, max_output_chars, output, tools?}
                                               run a program in the session's interpreter;
                                               ``output`` caps what it hands back besides text
@@ -53,8 +54,10 @@ class InitMessage(TypedDict, total=False):
     type: Required[Literal["init"]]
     token: Required[str]
     guest_runtime: Required[str]
+    pyodide_dir: str
     data_dir: str
     packages_dir: str
+    allow_net: str
 
 
 class RunMessage(TypedDict, total=False):

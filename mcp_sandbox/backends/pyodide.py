@@ -115,6 +115,8 @@ class PyodideBackend(Backend):
             "run",
             "--no-prompt",
             "--cached-only",
+            # Lets the runner give its worker, where sandboxed code runs, fewer permissions still.
+            "--unstable-worker-options",
             # The JavaScript heap's own cap; WebAssembly memory is capped by the host's watchdog.
             f"--v8-flags=--max-old-space-size={self._settings.memory_mb}",
             "--config",
@@ -134,13 +136,20 @@ class PyodideBackend(Backend):
         return [path for path in readable if path is not None]
 
     async def start(self) -> Executor:
-        process = await anyio.open_process(self.command(), env=self._sandbox_env(), start_new_session=True)
+        # cwd "/": the sandbox learns nothing from where the server was started.
+        process = await anyio.open_process(
+            self.command(), env=self._sandbox_env(), cwd="/", start_new_session=True
+        )
         settings = self._settings
         executor = PyodideExecutor(process, settings.max_output_chars, settings.output_limits().max_bytes)
-        if self._settings.data_dir is not None:
-            executor.init_message["data_dir"] = str(self._settings.data_dir)
-        if self._settings.packages_folder.is_dir():
-            executor.init_message["packages_dir"] = str(self._settings.packages_folder)
+        assert self._pyodide_dir is not None
+        executor.init_message["pyodide_dir"] = str(self._pyodide_dir)
+        if settings.data_dir is not None:
+            executor.init_message["data_dir"] = str(settings.data_dir)
+        if settings.packages_folder.is_dir():
+            executor.init_message["packages_dir"] = str(settings.packages_folder)
+        if settings.allow_net:
+            executor.init_message["allow_net"] = settings.allow_net
         return await start_process_executor(
             executor, self._task_group, settings.start_timeout, memory_limit=settings.memory_mb * MB
         )

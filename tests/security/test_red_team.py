@@ -1,0 +1,1595 @@
+"""Red team: hostile programs sent through a real MCP client to a real server, on every backend.
+
+Each `Attack` is a small program and a host-side check that proves it failed: a file under a
+pytest tmp dir that must not appear or change, a listener on 127.0.0.1 that must see nobody,
+the host secret that must not come back, a forged result that must not be believed. After every
+attack the server must still answer `'alive'`. `expected` says, per backend, what the README
+promises: `Blocked`, `Contained` (a given error_type, and the server keeps serving),
+`NotProtected` (documented: run it and assert that it works, so the README stays true) or
+`Skip` (not run: unsafe where it is not contained, or meaningless there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+from mcp import Client
+
+from tests.integration.conftest import TEST_ENV, free_port, server_params
+
+pytestmark = pytest.mark.anyio
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = TEST_ENV["MCP_SANDBOX_TEST_SECRET"]
+MAX_OUTPUT_CHARS = 32_768
+MAX_CODE_CHARS = 200_000
+CANARY_TEXT = "canary-original-contents"
+VICTIM_TEXT = "victim-original-contents"
+OUTSIDE_TEXT = "outside-the-data-folder-secret"
+MODULE_TEXT = "module-outside-the-sandbox"
+FORGED = "'FORGED'"
+TOUCH = shutil.which("touch") or "/usr/bin/touch"
+HOSTNAME = socket.gethostname()
+OS_RELEASE = os.uname().release
+IS_ROOT = os.getuid() == 0
+#: Files every Pyodide sandbox loads: writing one would taint every later sandbox.
+POISON_TARGETS = [
+    REPO / "deno" / "runner.ts",
+    REPO / "deno" / "worker.ts",
+    *sorted((Path.home() / ".cache" / "mcp-sandbox" / "deno" / "npm").glob("*/pyodide/*/pyodide.asm.js"))[:1],
+]
+
+BACKENDS = ("pyodide", "subprocess", "inprocess")
+MEMORY_ERRORS = frozenset({"MemoryLimit", "MemoryError", "SandboxCrash"})
+
+
+# --- outcomes ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """The attack fails: its host check holds and the server keeps serving."""
+
+
+@dataclass(frozen=True)
+class Contained:
+    """The call ends with one of `error_types`, the host check holds, the server keeps serving."""
+
+    error_types: frozenset[str]
+
+
+@dataclass(frozen=True)
+class NotProtected:
+    """Documented as not protected: run it and assert that it gets through."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Not run: unsafe where it is not contained, or meaningless on that backend."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class IfIsolated:
+    """`isolated` where the server says its workers have no network (unshare works), else `shared`."""
+
+    isolated: Outcome
+    shared: Outcome
+
+
+Outcome = Blocked | Contained | NotProtected | Skip | IfIsolated
+BLOCKED = Blocked()
+
+
+def contained(*error_types: str) -> Contained:
+    return Contained(frozenset(error_types))
+
+
+CRASH = contained("SandboxCrash")
+TIMEOUT = contained("Timeout")
+MEMORY = Contained(MEMORY_ERRORS)
+JS_ONLY = Skip("pyodide only: JavaScript and Deno exist only there")
+SUBPROCESS_ONLY = Skip("rlimits are the subprocess backend's mechanism; pyodide and inprocess have none")
+README_SUBPROCESS = "README 'Security model' table: on subprocess, host files and programs are not protected"
+README_INPROCESS = "README 'Security model' table: inprocess isolates nothing (trusted code only)"
+SUBPROCESS_SHARES = NotProtected(README_SUBPROCESS)
+INPROCESS_SHARES = NotProtected(README_INPROCESS)
+SUBPROCESS_NETWORK = IfIsolated(
+    isolated=BLOCKED,
+    shared=NotProtected("README 'Security model' table: subprocess network is not protected without unshare"),
+)
+INPROCESS_UNSAFE = Skip(f"{README_INPROCESS}; running it would harm the test server itself")
+
+
+def program(text: str) -> str:
+    """An attack's source, written indented in this file."""
+    return textwrap.dedent(text).strip("\n")
+
+
+def on(*, pyodide: Outcome, subprocess: Outcome, inprocess: Outcome) -> dict[str, Outcome]:
+    return {"pyodide": pyodide, "subprocess": subprocess, "inprocess": inprocess}
+
+
+def pyodide_only(outcome: Outcome = BLOCKED) -> dict[str, Outcome]:
+    return on(pyodide=outcome, subprocess=JS_ONLY, inprocess=JS_ONLY)
+
+
+# --- the host's side of one attack ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class World:
+    """Host folders the server is started with (one server per backend shares them)."""
+
+    data: Path
+    output: Path
+
+
+@dataclass
+class Reply:
+    is_error: bool
+    text: str
+    result: dict[str, Any] | None
+
+    def get(self, name: str) -> Any:
+        return None if self.result is None else self.result.get(name)
+
+    def dump(self) -> str:
+        return json.dumps(self.result) if self.result is not None else self.text
+
+    def summary(self) -> str:
+        return self.dump()[:1500]
+
+
+@dataclass
+class Host:
+    client: Client
+    world: World
+    tmp: Path
+    session: str | None
+    port: int
+    udp_port: int
+    closed_port: int
+    connections: list[str] = field(default_factory=list)
+    datagrams: list[bytes] = field(default_factory=list)
+
+    @property
+    def canary(self) -> Path:
+        return self.tmp / "canary.txt"
+
+    def render(self, code: str) -> str:
+        tokens = {
+            "@TMP@": str(self.tmp),
+            "@CANARY@": str(self.canary),
+            "@PORT@": str(self.port),
+            "@UDP_PORT@": str(self.udp_port),
+            "@CLOSED_PORT@": str(self.closed_port),
+            "@DATA@": str(self.world.data),
+            "@TOUCH@": TOUCH,
+            "@POISON@": repr([str(path) for path in POISON_TARGETS]),
+        }
+        for token, value in tokens.items():
+            code = code.replace(token, value)
+        return code
+
+
+Check = Callable[[Host, Reply], Awaitable[str | None]]
+
+
+async def send(client: Client, code: str, session: str | None, timeout: float | None = 5) -> Reply:
+    arguments: dict[str, Any] = {"code": code}
+    if timeout is not None:
+        arguments["timeout"] = timeout
+    if session is not None:
+        arguments["session_id"] = session
+    # The tool's own timeout bounds the program; this bounds a server that stops answering.
+    with anyio.fail_after((timeout or 30) + 45):
+        response = await client.call_tool("execute_python", arguments)
+    text = "".join(getattr(block, "text", "") for block in response.content)
+    return Reply(bool(response.is_error), text, response.structured_content)
+
+
+@asynccontextmanager
+async def attack_host(client: Client, world: World, tmp: Path, session: str | None) -> AsyncIterator[Host]:
+    (tmp / "canary.txt").write_text(CANARY_TEXT)
+    (tmp / "secret.mjs").write_text(f"export const s = {MODULE_TEXT!r};\n")
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    udp = await anyio.create_udp_socket(local_host="127.0.0.1")
+    # A host service on a Unix socket, as docker.sock or a database would be.
+    unix = await anyio.create_unix_listener(tmp / "service.sock")
+    host = Host(
+        client,
+        world,
+        tmp,
+        session,
+        port=listener.extra(anyio.abc.SocketAttribute.local_port),
+        udp_port=udp.extra(anyio.abc.SocketAttribute.local_port),
+        closed_port=free_port(),
+    )
+
+    async def note(stream: anyio.abc.SocketStream | anyio.abc.UNIXSocketStream) -> None:
+        host.connections.append("connected")
+        await stream.aclose()
+
+    async def receive() -> None:
+        async for datagram, _ in udp:
+            host.datagrams.append(datagram)
+
+    async with listener, udp, unix, anyio.create_task_group() as group:
+        group.start_soon(listener.serve, note)
+        group.start_soon(unix.serve, note)
+        group.start_soon(receive)
+        yield host
+        group.cancel_scope.cancel()
+
+
+# --- checks: each returns how the attack got through, or None ---------------------------------
+
+
+def all_of(*checks: Check) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        for each in checks:
+            if (breach := await each(host, reply)) is not None:
+                return breach
+        return None
+
+    return check
+
+
+def no_file(name: str) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        return f"{name} appeared on the host" if (host.tmp / name).exists() else None
+
+    return check
+
+
+async def canary_intact(host: Host, reply: Reply) -> str | None:
+    if not host.canary.exists():
+        return "the canary file was removed or moved"
+    if host.canary.read_text() != CANARY_TEXT:
+        return "the canary file was changed"
+    return None
+
+
+def not_shown(*markers: str) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        found = [marker for marker in markers if marker and marker in reply.dump()]
+        return f"the output shows {found}" if found else None
+
+    return check
+
+
+async def no_connection(host: Host, reply: Reply) -> str | None:
+    await anyio.sleep(0.2)  # a connection made at the very end still gets counted
+    return f"the host listener saw {host.connections}" if host.connections else None
+
+
+async def no_datagram(host: Host, reply: Reply) -> str | None:
+    await anyio.sleep(0.2)
+    return f"the host UDP socket got {host.datagrams}" if host.datagrams else None
+
+
+async def port_closed(host: Host, reply: Reply) -> str | None:
+    try:
+        stream = await anyio.connect_tcp("127.0.0.1", host.closed_port)
+    except OSError:
+        return None
+    await stream.aclose()
+    return f"the sandbox listens on host port {host.closed_port}"
+
+
+async def failed(host: Host, reply: Reply) -> str | None:
+    return f"the call succeeded: {reply.get('result')}" if reply.get("success") else None
+
+
+def result_is(expected: str) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        got = reply.get("result")
+        return None if got == expected else f"the result was {got!r}, not {expected!r}"
+
+    return check
+
+
+def result_lacks(word: str) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        got = str(reply.get("result"))
+        return f"the result {got!r} contains {word!r}" if word in got else None
+
+    return check
+
+
+def result_lacks_any(*words: str) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        got = str(reply.get("result"))
+        found = [word for word in words if word in got]
+        return f"the result {got!r} shows {found}" if found else None
+
+    return check
+
+
+def error_is(*error_types: str) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        got = reply.get("error_type")
+        return None if got in error_types else f"error_type was {got!r}; reply: {reply.summary()}"
+
+    return check
+
+
+async def session_kept(host: Host, reply: Reply) -> str | None:
+    return "the session was lost" if reply.get("session_lost") else None
+
+
+async def clean_reply(host: Host, reply: Reply) -> str | None:
+    """The program's own output must not turn its result into an opaque tool error."""
+    return (
+        f"the tool call failed instead of returning a result: {reply.text[:300]}" if reply.is_error else None
+    )
+
+
+def tool_error(fragment: str) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        if reply.is_error and fragment in reply.text:
+            return None
+        return f"expected a tool error mentioning {fragment!r}, got {reply.summary()}"
+
+    return check
+
+
+def capped(name: str) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        value = str(reply.get(name) or "")
+        if len(value) > MAX_OUTPUT_CHARS + 200:
+            return f"{name} came back with {len(value):,} characters"
+        return None if reply.get("truncated") else f"{name} was not marked truncated"
+
+    return check
+
+
+def size_at_most(name: str, limit: int) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        path = host.tmp / name
+        size = path.stat().st_size if path.exists() else 0
+        return f"{name} reached {size:,} bytes on the host" if size > limit else None
+
+    return check
+
+
+def count_below(limit: int) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        got = str(reply.get("result"))
+        return None if got.isdigit() and int(got) < limit else f"the program got {got} of {limit}"
+
+    return check
+
+
+def data_intact(name: str, original: str) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        path = host.world.data / name
+        now = path.read_text() if path.exists() else None
+        if now == original:
+            return None
+        path.write_text(original)  # put it back for the next backend's server
+        return f"data/{name} changed on the host to {now!r}"
+
+    return check
+
+
+async def runner_files_unchanged(host: Host, reply: Reply) -> str | None:
+    if reply.get("result") != "[]":
+        return f"the sandbox could append to {reply.get('result')}"
+    return None
+
+
+async def session_sid_apart(host: Host, reply: Reply) -> str | None:
+    """The sandbox process must not share the server's session (so group signals miss the server)."""
+    try:
+        pid, parent = (int(part) for part in str(reply.get("result")).strip("()").split(","))
+        return "the sandbox shares the server's session" if os.getsid(pid) == os.getsid(parent) else None
+    except (ValueError, ProcessLookupError) as error:
+        pytest.fail(f"could not compare sessions: {error}; reply: {reply.summary()}")
+
+
+def outside_output_absent(name: str) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        escaped = host.world.output.parent / name
+        if not escaped.exists():
+            return None
+        escaped.unlink()
+        return f"{escaped} was written outside MCP_SANDBOX_OUTPUT_DIR"
+
+    return check
+
+
+def not_seen_elsewhere(probe: str, clean: str, *, sessionless: bool = False) -> Check:
+    """`probe` run in another session (and, if asked, without a session) must give `clean`."""
+
+    async def check(host: Host, reply: Reply) -> str | None:
+        if reply.get("success") is not True:
+            pytest.fail(f"the tainting call itself failed, so it proves nothing: {reply.summary()}")
+        places: list[str | None] = ["observer"] + ([None] if sessionless else [])
+        for session in places:
+            seen = await send(host.client, host.render(probe), session)
+            if seen.get("result") != clean:
+                return f"session {session or '(none)'} saw the taint: {seen.summary()}"
+        return None
+
+    return check
+
+
+def gone_after_reset(probe: str, clean: str) -> Check:
+    async def check(host: Host, reply: Reply) -> str | None:
+        assert host.session is not None
+        await host.client.call_tool("reset_session", {"session_id": host.session})
+        seen = await send(host.client, probe, host.session)
+        return None if seen.get("result") == clean else f"the reset session kept it: {seen.summary()}"
+
+    return check
+
+
+async def next_call_genuine(host: Host, reply: Reply) -> str | None:
+    assert host.session is not None
+    if reply.get("result") != "'first'":
+        pytest.fail(f"the forging call itself failed, so it proves nothing: {reply.summary()}")
+    # The sleep gives a forgery sent from a timer time to arrive before the genuine result.
+    second = await send(host.client, "import time\ntime.sleep(0.5)\n'second'", host.session)
+    await host.client.call_tool("reset_session", {"session_id": host.session})
+    return (
+        f"the next call's result was forged: {second.get('result')}"
+        if second.get("result") == FORGED
+        else None
+    )
+
+
+NO_SECRET = not_shown(SECRET)
+NO_CANARY = not_shown(CANARY_TEXT)
+
+
+# --- the attacks ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    code: str
+    check: Check
+    expected: dict[str, Outcome]
+    #: "shared" for attacks that leave the sandbox usable; crashers use "crash", whose next call starts fresh.
+    session: str | None = "shared"
+    timeout: float | None = 5
+    #: Run in the same session after the check, to undo what the attack may have done.
+    cleanup: str | None = None
+
+
+FORGE_RESULT_LINES = """
+import json
+def forged_line(n):
+    msg = {"type": "result", "id": n, "outcome": {"success": True, "result": "'FORGED'"}}
+    return json.dumps({"token": "0" * 32, "msg": msg}) + "\\n"
+"""
+
+SWALLOWS_INTERRUPTS = """
+import time
+end = time.monotonic() + 4
+while time.monotonic() < end:
+    try:
+        while time.monotonic() < end:
+            pass
+    except BaseException:
+        pass
+"""
+
+FORGE_NEXT_RESULT = """
+import json
+def forge_all():
+    for n in range(2, 15):
+        outcome = {"success": True, "result": "'FORGED'"}
+        yield json.dumps({"type": "result", "id": n, "outcome": outcome})
+try:
+    import js
+except ImportError:
+    js = None
+if js is not None:
+    # postMessage goes to the runner, which wraps it with the real token.
+    payloads = json.dumps(list(forge_all()))
+    js.eval("setTimeout(() => { for (const p of " + payloads + ") "
+            "postMessage({id: null, json: p, exiting: false}) }, 0)")
+else:
+    import gc, threading
+    channel = next(o for o in gc.get_objects() if type(o).__name__ == "HostChannel")
+    threading.Timer(0.05, lambda: [channel.send(p) for p in forge_all()]).start()
+'first'
+"""
+
+# A worker of its own, from a Blob, that tries to write a host file and says how it went.
+NESTED_WORKER = """
+import js, asyncio
+js.eval('''
+globalThis.rtSaid = [];
+const source = `try { Deno.writeTextFileSync("@TMP@/escaped", "x"); postMessage("wrote") }
+                catch (e) { postMessage("refused: " + e) }`;
+const url = URL.createObjectURL(new Blob([source], {type: "application/javascript"}));
+globalThis.rtWorker = new Worker(url, @OPTIONS@);
+rtWorker.onmessage = (e) => rtSaid.push(e.data);
+rtWorker.onerror = (e) => { rtSaid.push("error: " + e.message); e.preventDefault() };
+''')
+for _ in range(40):  # a new worker takes a while to start on a busy machine
+    if js.rtSaid.length:
+        break
+    await asyncio.sleep(0.1)
+list(js.rtSaid)
+"""
+
+ATTACKS: list[Attack] = [
+    # --- reaching JavaScript and Deno's file APIs (pyodide) ---
+    Attack(
+        "js_deno_reads_host_file",
+        "import js\njs.Deno.readTextFileSync('@CANARY@')",
+        all_of(failed, NO_CANARY),
+        pyodide_only(),
+    ),
+    Attack(
+        "run_js_reads_host_file",
+        "from pyodide.code import run_js\nrun_js(\"Deno.readTextFileSync('@CANARY@')\")",
+        all_of(failed, NO_CANARY),
+        pyodide_only(),
+    ),
+    Attack(
+        "js_eval_writes_host_file",
+        "import js\njs.eval(\"Deno.writeTextFileSync('@TMP@/escaped', 'x')\")",
+        no_file("escaped"),
+        pyodide_only(),
+    ),
+    Attack(
+        "pyodide_js_mounts_host_folder",
+        "import pyodide_js\npyodide_js.mountNodeFS('/mnt/host', '@TMP@')\n"
+        "open('/mnt/host/escaped', 'w').write('x')\nopen('/mnt/host/canary.txt').read()",
+        all_of(no_file("escaped"), NO_CANARY),
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_write_file",
+        "import js\njs.Deno.writeTextFileSync('@TMP@/escaped', 'x')",
+        no_file("escaped"),
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_remove_file",
+        "import js\njs.Deno.removeSync('@CANARY@')",
+        canary_intact,
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_mkdir",
+        "import js\njs.Deno.mkdirSync('@TMP@/newdir')",
+        no_file("newdir"),
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_rename_file",
+        "import js\njs.Deno.renameSync('@CANARY@', '@TMP@/moved')",
+        all_of(canary_intact, no_file("moved")),
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_symlink",
+        "import js\njs.Deno.symlinkSync('/etc/passwd', '@TMP@/link')",
+        no_file("link"),
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_open_create_truncate",
+        'import js\nopts = js.JSON.parse(\'{"write": true, "create": true}\')\n'
+        "js.Deno.openSync('@TMP@/created', opts)\n"
+        "js.Deno.truncateSync('@CANARY@', 0)",
+        all_of(no_file("created"), canary_intact),
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_list_host_folder",
+        "import js\n[entry.name for entry in js.Deno.readDirSync('@TMP@')]",
+        all_of(failed, not_shown("canary.txt", "secret.mjs")),
+        pyodide_only(),
+    ),
+    Attack(
+        "fetch_file_url",
+        "import js\nresponse = await js.fetch('file://@CANARY@')\nawait response.text()",
+        all_of(failed, NO_CANARY),
+        pyodide_only(),
+    ),
+    Attack(
+        "dynamic_import_of_host_module",
+        "import js\nmodule = await js.eval(\"import('file://@TMP@/secret.mjs')\")\nmodule.s",
+        all_of(failed, not_shown(MODULE_TEXT)),
+        pyodide_only(),
+    ),
+    Attack(
+        "node_fs_reads_host_file",
+        "import js\nfs = await js.eval(\"import('node:fs')\")\nfs.readFileSync('@CANARY@', 'utf8')",
+        all_of(failed, NO_CANARY),
+        pyodide_only(),
+    ),
+    Attack(
+        "poison_runner_and_pyodide_files",
+        "import js\nappended = []\nfor path in @POISON@:\n    try:\n"
+        "        js.Deno.writeTextFileSync(path, '', js.JSON.parse('{\"append\": true}'))\n"
+        "        appended.append(path)\n    except Exception:\n        pass\nappended",
+        runner_files_unchanged,
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_writes_data_folder",
+        "import js\njs.Deno.writeTextFileSync('@DATA@/victim.txt', 'changed')",
+        data_intact("victim.txt", VICTIM_TEXT),
+        pyodide_only(),
+    ),
+    # --- environment ---
+    Attack(
+        "deno_env_get",
+        "import js\njs.Deno.env.get('MCP_SANDBOX_TEST_SECRET')",
+        all_of(failed, NO_SECRET),
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_env_to_object",
+        "import js\njs.Deno.env.toObject()",
+        all_of(failed, NO_SECRET),
+        pyodide_only(),
+    ),
+    Attack(
+        "node_process_env",
+        "import js\nprocess = await js.eval(\"import('node:process')\")\nprocess.env.MCP_SANDBOX_TEST_SECRET",
+        all_of(failed, NO_SECRET),
+        pyodide_only(),
+    ),
+    Attack(
+        "python_os_environ",
+        "import os\nsorted(os.environ.items())",
+        NO_SECRET,
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            inprocess=NotProtected(f"{README_INPROCESS}: it shares the server's environment"),
+        ),
+    ),
+    Attack(
+        "server_environ_via_proc",
+        "try:\n    import js\n    text = js.Deno.readTextFileSync(f'/proc/{js.Deno.ppid}/environ')\n"
+        "except ImportError:\n    import os\n    text = open(f'/proc/{os.getppid()}/environ').read()\ntext",
+        NO_SECRET,
+        on(
+            pyodide=BLOCKED,
+            subprocess=Skip(
+                f"not-protected ({README_SUBPROCESS}); whether /proc/<server>/environ is readable "
+                "depends on the host's ptrace rules, so the outcome is not the sandbox's"
+            ),
+            inprocess=Skip(f"not-protected ({README_INPROCESS}): os.environ is the server's own"),
+        ),
+    ),
+    # --- spawning processes ---
+    Attack(
+        "deno_command_spawn",
+        program("""
+            import js
+            options = js.JSON.parse('{"args": ["@TMP@/spawned"]}')
+            js.Deno.Command.new('@TOUCH@', options).outputSync()
+        """),
+        no_file("spawned"),
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_run_legacy_spawn",
+        'import js\njs.Deno.run(js.JSON.parse(\'{"cmd": ["@TOUCH@", "@TMP@/spawned"]}\'))',
+        no_file("spawned"),
+        pyodide_only(),
+    ),
+    Attack(
+        "node_child_process_spawn",
+        "import js\ncp = await js.eval(\"import('node:child_process')\")\n"
+        "cp.execFileSync('@TOUCH@', js.JSON.parse('[\"@TMP@/spawned\"]'))",
+        no_file("spawned"),
+        pyodide_only(),
+    ),
+    Attack(
+        "python_subprocess_spawn",
+        "import subprocess\nsubprocess.run(['@TOUCH@', '@TMP@/spawned'])",
+        no_file("spawned"),
+        on(pyodide=BLOCKED, subprocess=SUBPROCESS_SHARES, inprocess=INPROCESS_SHARES),
+    ),
+    Attack(
+        "python_os_system",
+        "import os\nos.system('@TOUCH@ @TMP@/spawned')",
+        no_file("spawned"),
+        # Pyodide's os.system reaches for the environment, which Deno refuses, and the sandbox dies.
+        on(
+            pyodide=contained("SandboxCrash", "OSError"),
+            subprocess=SUBPROCESS_SHARES,
+            inprocess=INPROCESS_SHARES,
+        ),
+        session="crash",
+    ),
+    Attack(
+        "ctypes_libc_system",
+        "import ctypes\nctypes.CDLL(None).system(b'@TOUCH@ @TMP@/spawned')",
+        no_file("spawned"),
+        on(
+            pyodide=contained("SandboxCrash", "AttributeError", "OSError"),
+            subprocess=SUBPROCESS_SHARES,
+            inprocess=INPROCESS_SHARES,
+        ),
+        session="crash",
+    ),
+    Attack(
+        "deno_dlopen_libc_system",
+        program("""
+            import js
+            lib = js.eval("Deno.dlopen('libc.so.6', {system: {parameters: ['buffer'], result: 'i32'}})")
+            lib.symbols.system(js.TextEncoder.new().encode('@TOUCH@ @TMP@/spawned\\0'))
+        """),
+        no_file("spawned"),
+        pyodide_only(),
+    ),
+    # --- network, to listeners the test owns ---
+    Attack(
+        "fetch_host_listener",
+        "import js\nawait js.fetch('http://127.0.0.1:@PORT@/')",
+        no_connection,
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_connect",
+        'import js\nawait js.Deno.connect(js.JSON.parse(\'{"hostname": "127.0.0.1", "port": @PORT@}\'))',
+        no_connection,
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_connect_tls",
+        'import js\nawait js.Deno.connectTls(js.JSON.parse(\'{"hostname": "127.0.0.1", "port": @PORT@}\'))',
+        no_connection,
+        pyodide_only(),
+    ),
+    Attack(
+        "deno_listen_and_serve",
+        program("""
+            import js
+            opened = []
+            where = "{hostname: '127.0.0.1', port: @CLOSED_PORT@}"
+            for source in (f"Deno.listen({where})", f"Deno.serve({where}, () => new Response('x'))"):
+                try:
+                    js.eval(source)
+                    opened.append(source)
+                except Exception:
+                    pass
+            opened
+        """),
+        all_of(port_closed, result_is("[]")),
+        pyodide_only(),
+    ),
+    Attack(
+        "websocket_to_host",
+        "import js, asyncio\nsocket = js.WebSocket.new('ws://127.0.0.1:@PORT@/')\n"
+        "await asyncio.sleep(0.3)\nsocket.readyState",
+        no_connection,
+        pyodide_only(),
+    ),
+    Attack(
+        "event_source_to_host",
+        "import js, asyncio\nsource = js.EventSource.new('http://127.0.0.1:@PORT@/')\n"
+        "await asyncio.sleep(0.3)\nsource.readyState",
+        no_connection,
+        pyodide_only(),
+    ),
+    Attack(
+        "dns_query_to_host_udp",
+        'import js\nserver = js.JSON.parse(\'{"nameServer": {"ipAddr": "127.0.0.1", "port": @UDP_PORT@}}\')\n'
+        "await js.Deno.resolveDns('example.com', 'A', server)",
+        all_of(failed, no_datagram),
+        pyodide_only(),
+    ),
+    Attack(
+        "dynamic_import_over_http",
+        "import js\nawait js.eval(\"import('http://127.0.0.1:@PORT@/module.js')\")",
+        no_connection,
+        pyodide_only(),
+    ),
+    Attack(
+        "python_socket_connect",
+        "import socket\nsocket.create_connection(('127.0.0.1', @PORT@), timeout=2).close()",
+        no_connection,
+        on(pyodide=BLOCKED, subprocess=SUBPROCESS_NETWORK, inprocess=INPROCESS_SHARES),
+    ),
+    Attack(
+        "python_urllib",
+        "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:@PORT@/', timeout=2).read()",
+        no_connection,
+        on(pyodide=BLOCKED, subprocess=SUBPROCESS_NETWORK, inprocess=INPROCESS_SHARES),
+    ),
+    Attack(
+        "deno_connect_unix_socket",
+        program("""
+            import js
+            await js.Deno.connect(js.JSON.parse('{"transport": "unix", "path": "@TMP@/service.sock"}'))
+        """),
+        no_connection,
+        pyodide_only(),
+    ),
+    Attack(
+        # A network namespace does not cover sockets that live in the file system (docker.sock, ...).
+        "python_unix_socket_to_host_service",
+        program("""
+            import socket
+            client = socket.socket(socket.AF_UNIX)
+            client.connect('@TMP@/service.sock')
+            client.close()
+        """),
+        no_connection,
+        on(pyodide=BLOCKED, subprocess=SUBPROCESS_SHARES, inprocess=INPROCESS_SHARES),
+    ),
+    # --- permissions: asking must neither prompt nor hang nor grant ---
+    Attack(
+        "permissions_request_net_then_fetch",
+        'import js\nrequest = js.JSON.parse(\'{"name": "net", "host": "127.0.0.1:@PORT@"}\')\n'
+        "state = (await js.Deno.permissions.request(request)).state\n"
+        "try:\n    await js.fetch('http://127.0.0.1:@PORT@/')\nexcept Exception:\n    pass\nstate",
+        all_of(no_connection, result_lacks("granted")),
+        pyodide_only(),
+        timeout=3,
+    ),
+    Attack(
+        "permissions_request_sync_everything",
+        "import js\nasks = ['{\"name\": \"%s\"}' % n for n in ('run', 'env', 'write', 'ffi', 'sys', 'net')]\n"
+        'asks.append(\'{"name": "read", "path": "@CANARY@"}\')\n'
+        "[js.Deno.permissions.requestSync(js.JSON.parse(a)).state for a in asks]",
+        result_lacks("granted"),
+        pyodide_only(),
+        timeout=3,
+    ),
+    Attack(
+        "permissions_query",
+        "import js\nstates = []\n"
+        'for ask in (\'{"name": "read", "path": "@CANARY@"}\', \'{"name": "write", "path": "@TMP@"}\',\n'
+        '            \'{"name": "net"}\', \'{"name": "env"}\', \'{"name": "run"}\'):\n'
+        "    states.append((await js.Deno.permissions.query(js.JSON.parse(ask))).state)\nstates",
+        result_lacks("granted"),
+        pyodide_only(),
+        timeout=3,
+    ),
+    # --- system information ---
+    Attack(
+        "deno_hostname", "import js\njs.Deno.hostname()", all_of(failed, not_shown(HOSTNAME)), pyodide_only()
+    ),
+    Attack(
+        "deno_os_release",
+        "import js\njs.Deno.osRelease()",
+        all_of(failed, not_shown(OS_RELEASE)),
+        pyodide_only(),
+    ),
+    Attack("deno_system_memory_info", "import js\njs.Deno.systemMemoryInfo()", failed, pyodide_only()),
+    Attack("deno_network_interfaces", "import js\njs.Deno.networkInterfaces()", failed, pyodide_only()),
+    Attack(
+        "deno_other_sys_info",
+        program("""
+            import js
+            leaked = []
+            for name in ('uid', 'gid', 'loadavg', 'osUptime'):
+                try:
+                    leaked.append((name, str(getattr(js.Deno, name)())))
+                except Exception:
+                    pass
+            leaked
+        """),
+        result_is("[]"),
+        pyodide_only(),
+    ),
+    Attack(
+        "python_host_identity",
+        "import socket, os\n(socket.gethostname(), os.uname().release)",
+        result_lacks_any(repr(HOSTNAME), OS_RELEASE),
+        on(
+            pyodide=BLOCKED,
+            subprocess=NotProtected(
+                "README 'Security model' table: system information is not protected on subprocess"
+            ),
+            inprocess=INPROCESS_SHARES,
+        ),
+    ),
+    Attack(
+        # The sandbox process starts in "/", so its working directory says nothing about the host.
+        "deno_cwd",
+        "import js\njs.Deno.cwd()",
+        all_of(not_shown(os.getcwd()), not_shown(str(Path.home()))),
+        pyodide_only(),
+    ),
+    # --- ending or signalling processes ---
+    Attack("deno_exit", "import js\njs.Deno.exit(3)", canary_intact, pyodide_only(CRASH), session="crash"),
+    Attack(
+        "worker_self_close", "import js\njs.self.close()", canary_intact, pyodide_only(CRASH), session="crash"
+    ),
+    Attack(
+        "os_exit",
+        "import os\nos._exit(3)",
+        canary_intact,
+        on(pyodide=CRASH, subprocess=CRASH, inprocess=INPROCESS_UNSAFE),
+        session="crash",
+    ),
+    Attack(
+        "sigsegv_self",
+        "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)",
+        canary_intact,
+        on(pyodide=CRASH, subprocess=CRASH, inprocess=INPROCESS_UNSAFE),
+        session="crash",
+    ),
+    Attack(
+        "deno_kill_server",
+        "import js\njs.Deno.kill(js.Deno.ppid, 'SIGTERM')",
+        failed,
+        pyodide_only(),
+    ),
+    Attack(
+        "python_kill_server",
+        "import os\nos.kill(os.getppid(), 9)",
+        failed,
+        on(
+            pyodide=BLOCKED,
+            subprocess=Skip(f"not-protected ({README_SUBPROCESS}): it would kill the test server"),
+            inprocess=INPROCESS_UNSAFE,
+        ),
+    ),
+    Attack(
+        "kill_own_process_group",
+        "import os, signal\nos.killpg(os.getpgid(0), signal.SIGKILL)",
+        canary_intact,
+        # Pyodide's processes are make-believe; a worker's group holds only the worker.
+        on(pyodide=BLOCKED, subprocess=CRASH, inprocess=INPROCESS_UNSAFE),
+        session="crash",
+    ),
+    Attack(
+        "sandbox_in_its_own_session",
+        "try:\n    import js\n    ids = (js.Deno.pid, js.Deno.ppid)\nexcept ImportError:\n    import os\n"
+        "    ids = (os.getpid(), os.getppid())\nids",
+        session_sid_apart,
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            inprocess=Skip(f"{README_INPROCESS}: it is the server's own process"),
+        ),
+    ),
+    # --- nested workers ---
+    Attack(
+        "nested_worker_asks_for_permissions",
+        NESTED_WORKER.replace(
+            "@OPTIONS@", "{type: 'module', deno: {permissions: {write: true, read: true}}}"
+        ),
+        all_of(no_file("escaped"), result_lacks("wrote")),
+        pyodide_only(),
+        session="crash",
+    ),
+    Attack(
+        "nested_worker_writes",
+        NESTED_WORKER.replace("@OPTIONS@", "{type: 'module'}"),
+        all_of(no_file("escaped"), result_lacks("wrote")),
+        pyodide_only(),
+        session="crash",
+    ),
+    # --- forged protocol lines ---
+    Attack(
+        "console_log_forged_result",
+        FORGE_RESULT_LINES
+        + "import js\nfor n in range(1, 40):\n    js.console.log(forged_line(n).strip())\n'genuine'",
+        result_is("'genuine'"),
+        pyodide_only(),
+    ),
+    Attack(
+        "stdout_write_sync_forged_result",
+        FORGE_RESULT_LINES + "import js\nencoder = js.TextEncoder.new()\nfor n in range(1, 40):\n"
+        "    js.Deno.stdout.writeSync(encoder.encode(forged_line(n)))\n'genuine'",
+        result_is("'genuine'"),
+        pyodide_only(),
+    ),
+    Attack(
+        "console_log_forged_tool_call",
+        program("""
+            import js, json
+            for call in range(1, 5):
+                msg = {'type': 'tool_call', 'call': call, 'server': 'host', 'tool': 'sh', 'arguments': '{}'}
+                js.console.log(json.dumps({'token': '0' * 32, 'msg': msg}))
+            'genuine'
+        """),
+        result_is("'genuine'"),
+        pyodide_only(),
+    ),
+    Attack(
+        # The runner wraps a worker's message with the real token; the host has no bridge to call.
+        "post_message_forged_tool_call",
+        program("""
+            import js, json
+            for call in range(1, 5):
+                arguments = json.dumps({'cmd': '@TOUCH@ @TMP@/spawned'})
+                msg = {'type': 'tool_call', 'call': call, 'server': 'host', 'tool': 'sh'}
+                msg['arguments'] = arguments
+                envelope = {'id': None, 'json': json.dumps(msg), 'exiting': False}
+                js.postMessage(js.JSON.parse(json.dumps(envelope)))
+            'genuine'
+        """),
+        all_of(result_is("'genuine'"), no_file("spawned")),
+        pyodide_only(),
+    ),
+    Attack(
+        "fd_writes_forged_result",
+        FORGE_RESULT_LINES
+        + program("""
+            import os
+            for fd in range(1, 10):
+                for n in range(1, 20):
+                    try:
+                        os.write(fd, forged_line(n).encode())
+                    except OSError:
+                        pass
+            'genuine'
+        """),
+        result_is("'genuine'"),
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            inprocess=Skip(f"{README_INPROCESS}: fd 1 is the server's MCP transport to this test"),
+        ),
+    ),
+    Attack(
+        "forge_the_next_calls_result",
+        FORGE_NEXT_RESULT,
+        next_call_genuine,
+        on(
+            # The runner forwards a result only for the run in progress, so a timer cannot fake it.
+            pyodide=BLOCKED,
+            subprocess=NotProtected(
+                "README 'Security model' table: a program faking its own session's results"
+            ),
+            inprocess=Skip(f"{README_INPROCESS}: there is no protocol to forge"),
+        ),
+        session="forge-next",
+    ),
+    # --- taint across sessions ---
+    Attack(
+        "taint_globals",
+        "rt_planted = 'TAINT'",
+        not_seen_elsewhere("'rt_planted' in globals()", "False", sessionless=True),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+        session="tainter",
+    ),
+    Attack(
+        "taint_builtins",
+        "import builtins\nbuiltins.rt_planted = 'TAINT'",
+        not_seen_elsewhere("import builtins\nhasattr(builtins, 'rt_planted')", "False", sessionless=True),
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            inprocess=NotProtected(f"{README_INPROCESS}: builtins are shared"),
+        ),
+        session="tainter",
+        cleanup="import builtins\ndel builtins.rt_planted",
+    ),
+    Attack(
+        "taint_sys_modules",
+        program("""
+            import sys, json, types
+            json.rt_planted = 'TAINT'
+            sys.modules['rt_fake'] = types.ModuleType('rt_fake')
+        """),
+        not_seen_elsewhere(
+            "import sys, json\n(hasattr(json, 'rt_planted'), 'rt_fake' in sys.modules)", "(False, False)"
+        ),
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            inprocess=NotProtected(f"{README_INPROCESS}: modules are shared"),
+        ),
+        session="tainter",
+        cleanup="import sys, json\ndel json.rt_planted\ndel sys.modules['rt_fake']",
+    ),
+    Attack(
+        "taint_tmp_file",
+        "import os\nos.makedirs('@TMP@', exist_ok=True)\nopen('@TMP@/taint.txt', 'w').write('TAINT')\n"
+        "open('/tmp/rt-taint-@PORT@.txt', 'w').write('TAINT')",
+        all_of(
+            no_file("taint.txt"),
+            not_seen_elsewhere(
+                "import os\n(os.path.exists('@TMP@/taint.txt'), os.path.exists('/tmp/rt-taint-@PORT@.txt'))",
+                "(False, False)",
+                sessionless=True,
+            ),
+        ),
+        # README table: subprocess sessions have private working directories, but share host files.
+        on(
+            pyodide=BLOCKED,
+            subprocess=NotProtected("README 'Security model' table: host files are shared on subprocess"),
+            inprocess=INPROCESS_SHARES,
+        ),
+        session="tainter",
+        cleanup="import os\nos.remove('/tmp/rt-taint-@PORT@.txt')",
+    ),
+    Attack(
+        "taint_home_file",
+        "import os\nopen(os.path.expanduser('~/rt-taint.txt'), 'w').write('TAINT')",
+        not_seen_elsewhere("import os\nos.path.exists(os.path.expanduser('~/rt-taint.txt'))", "False"),
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            inprocess=Skip(
+                f"not-protected ({README_INPROCESS}): it would write into the server user's real home"
+            ),
+        ),
+        session="tainter",
+    ),
+    Attack(
+        "taint_working_directory",
+        "open('rt-taint.txt', 'w').write('TAINT')",
+        not_seen_elsewhere("import os\nos.path.exists('rt-taint.txt')", "False"),
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            inprocess=NotProtected(
+                "README 'Data in, artifacts out': inprocess sessions share one working directory"
+            ),
+        ),
+        session="tainter",
+        cleanup="import os\nos.remove('rt-taint.txt')",
+    ),
+    Attack(
+        "taint_js_globals",
+        "import js\njs.globalThis.rt_planted = 'TAINT'\njs.eval('globalThis.Array.prototype.rtPlanted = 1')",
+        not_seen_elsewhere(
+            "import js\njs.eval('typeof globalThis.rt_planted + typeof [].rtPlanted')",
+            "'undefinedundefined'",
+            sessionless=True,
+        ),
+        pyodide_only(),
+        session="tainter",
+    ),
+    Attack(
+        "taint_survives_reset",
+        "import builtins\nrt_planted = 'TAINT'",
+        gone_after_reset("'rt_planted' in globals()", "False"),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+        session="resettable",
+    ),
+    # --- host folders: data/ in, output/ out ---
+    Attack(
+        "data_folder_write",
+        "open('data/victim.txt', 'w').write('changed')",
+        all_of(failed, data_intact("victim.txt", VICTIM_TEXT)),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+    ),
+    Attack(
+        "data_folder_write_through_ctypes",
+        "import ctypes, os\nlibc = ctypes.CDLL(None)\n"
+        "fd = libc.open(os.path.realpath('data/victim.txt').encode(), os.O_WRONLY | os.O_TRUNC)\n"
+        "libc.write(fd, b'changed', 7)\nlibc.close(fd)\nfd",
+        data_intact("victim.txt", VICTIM_TEXT),
+        on(
+            pyodide=BLOCKED,
+            subprocess=NotProtected(
+                "README 'Data in, artifacts out': the audit hook stops mistakes, not ctypes"
+            ),
+            inprocess=NotProtected(
+                "README 'Data in, artifacts out': the audit hook stops mistakes, not ctypes"
+            ),
+        ),
+        session="crash",
+    ),
+    Attack(
+        # README: "On pyodide, Deno may read that folder and nothing else of the host."
+        "data_folder_symlink_to_outside",
+        "try:\n    import js\n    text = js.Deno.readTextFileSync('@DATA@/link.txt')\nexcept ImportError:\n"
+        "    text = open('data/link.txt').read()\ntext",
+        not_shown(OUTSIDE_TEXT),
+        on(pyodide=BLOCKED, subprocess=SUBPROCESS_SHARES, inprocess=INPROCESS_SHARES),
+    ),
+    Attack(
+        # README: files are "copied to MCP_SANDBOX_OUTPUT_DIR/<session_id>/"; ".." is a valid session id.
+        "output_dir_escape_through_session_id",
+        "open('output/rt-planted.txt', 'w').write('planted by the sandbox')",
+        outside_output_absent("rt-planted.txt"),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+        session="..",
+    ),
+    Attack(
+        "host_file_read",
+        "open('@CANARY@').read()",
+        NO_CANARY,
+        on(pyodide=BLOCKED, subprocess=SUBPROCESS_SHARES, inprocess=INPROCESS_SHARES),
+    ),
+    Attack(
+        "host_file_write",
+        "import os\nos.makedirs('@TMP@', exist_ok=True)\nopen('@TMP@/written', 'w').write('x')",
+        no_file("written"),
+        on(pyodide=BLOCKED, subprocess=SUBPROCESS_SHARES, inprocess=INPROCESS_SHARES),
+    ),
+    # --- output floods ---
+    Attack(
+        "stdout_flood",
+        "print('x' * 5_000_000)",
+        capped("stdout"),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+    ),
+    Attack(
+        "stderr_flood",
+        "import sys\nsys.stderr.write('e' * 5_000_000)",
+        capped("stderr"),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+    ),
+    Attack(
+        "many_small_prints",
+        "for i in range(100_000):\n    print(i)",
+        capped("stdout"),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+    ),
+    Attack(
+        "exception_message_flood",
+        "raise ValueError('v' * 2_000_000)",
+        all_of(error_is("ValueError"), capped("error")),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+    ),
+    Attack(
+        "result_repr_flood",
+        "'r' * 3_000_000",
+        capped("result"),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+    ),
+    Attack(
+        "javascript_console_flood",
+        "import js\njs.eval(\"for (let i = 0; i < 50000; i++) console.log('flood ' + i)\")\n'done'",
+        result_is("'done'"),
+        pyodide_only(),
+    ),
+    Attack(
+        # Unterminated bytes glue onto the runner's next genuine line, which then fails to parse.
+        "protocol_stream_garbage",
+        program("""
+            import js
+            js.Deno.stdout.writeSync(js.TextEncoder.new().encode('garbage-without-newline'))
+            'genuine'
+        """),
+        canary_intact,
+        pyodide_only(contained("Timeout", "SandboxCrash")),
+        session="crash",
+        timeout=1,
+    ),
+    Attack(
+        "protocol_line_too_long",
+        "import js\njs.Deno.stdout.writeSync(js.TextEncoder.new().encode('x' * 20_000_000))\n'genuine'",
+        canary_intact,
+        pyodide_only(contained("SandboxCrash", "MemoryLimit", "Timeout")),
+        session="crash",
+    ),
+    # --- recursion, huge and malformed code ---
+    Attack(
+        "deep_recursion",
+        "def dive():\n    dive()\ndive()",
+        all_of(error_is("RecursionError"), session_kept),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+        session="recursion",
+    ),
+    Attack(
+        "recursion_limit_lifted",
+        "import sys\nsys.setrecursionlimit(10**6)\ndef dive(n):\n    return dive(n + 1)\ndive(0)",
+        canary_intact,
+        on(
+            pyodide=contained("RecursionError", "Timeout", "SandboxCrash", "MemoryLimit", "MemoryError"),
+            subprocess=contained("RecursionError", "Timeout", "SandboxCrash", "MemoryError"),
+            inprocess=Skip(f"{README_INPROCESS}: the recursion limit is the server's own"),
+        ),
+        session="crash",
+        timeout=2,
+    ),
+    Attack(
+        "code_over_the_size_limit",
+        "#" * (MAX_CODE_CHARS + 1),
+        tool_error("MCP_SANDBOX_MAX_CODE_CHARS"),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+    ),
+    Attack(
+        "null_bytes_in_code",
+        "x = 1\x00\nprint('after the null byte')",
+        all_of(error_is("SyntaxError"), session_kept),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+    ),
+    Attack(
+        "deeply_nested_code",
+        "(" * 100_000 + ")" * 100_000,
+        all_of(error_is("SyntaxError", "RecursionError", "MemoryError"), session_kept),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+    ),
+    Attack(
+        # A lone surrogate cannot be encoded as UTF-8: the result must still come back.
+        "surrogates_in_output",
+        "print('\\udcff')\n'after'",
+        clean_reply,
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+    ),
+    Attack(
+        "surrogates_in_error",
+        "raise ValueError('\\ud800')",
+        clean_reply,
+        on(pyodide=BLOCKED, subprocess=BLOCKED, inprocess=BLOCKED),
+    ),
+    # --- endless loops and calls that will not stop ---
+    Attack(
+        "busy_loop",
+        "while True:\n    pass",
+        session_kept,
+        on(pyodide=TIMEOUT, subprocess=TIMEOUT, inprocess=TIMEOUT),
+        session="loops",
+        timeout=1,
+    ),
+    Attack(
+        "swallows_keyboard_interrupt",
+        SWALLOWS_INTERRUPTS,
+        canary_intact,
+        on(pyodide=TIMEOUT, subprocess=TIMEOUT, inprocess=TIMEOUT),
+        session="crash",
+        timeout=1,
+    ),
+    Attack(
+        "ignores_sigint",
+        program("""
+            import signal, time
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            except ValueError:
+                pass
+            end = time.monotonic() + 4
+            while time.monotonic() < end:
+                pass
+        """),
+        canary_intact,
+        on(pyodide=TIMEOUT, subprocess=TIMEOUT, inprocess=TIMEOUT),
+        session="crash",
+        timeout=1,
+    ),
+    Attack(
+        "javascript_infinite_loop",
+        "import js\njs.eval('while (true) {}')",
+        canary_intact,
+        pyodide_only(TIMEOUT),
+        session="crash",
+        timeout=1,
+    ),
+    Attack(
+        "disarm_interrupt_buffer",
+        "import js, pyodide_js\npyodide_js.setInterruptBuffer(js.Uint8Array.new(1))\nwhile True:\n    pass",
+        canary_intact,
+        pyodide_only(TIMEOUT),
+        session="crash",
+        timeout=1,
+    ),
+    Attack(
+        "long_sleep",
+        "import time\ntime.sleep(8)",
+        canary_intact,
+        on(pyodide=TIMEOUT, subprocess=TIMEOUT, inprocess=TIMEOUT),
+        session="crash",
+        timeout=1,
+    ),
+    Attack(
+        "huge_bigint_power",
+        "10 ** 10 ** 8",
+        canary_intact,
+        on(
+            pyodide=TIMEOUT,
+            subprocess=TIMEOUT,
+            inprocess=Skip(f"{README_INPROCESS}: a C call holding the GIL stalls the whole server (README)"),
+        ),
+        session="crash",
+        timeout=1,
+    ),
+    # --- memory ---
+    Attack(
+        "memory_bytearray_2gb",
+        "bytearray(2_000_000_000)",
+        canary_intact,
+        on(
+            pyodide=MEMORY,
+            subprocess=MEMORY,
+            inprocess=Skip(f"{README_INPROCESS}: no memory cap, it would grow the server"),
+        ),
+        session="memory",
+    ),
+    Attack(
+        "memory_gradual_growth",
+        # Inside a function, so a MemoryError that the session survives frees it all again.
+        program("""
+            def grow():
+                hog = []
+                for _ in range(4000):
+                    hog.append(bytearray(1_000_000))
+            grow()
+        """),
+        canary_intact,
+        on(
+            pyodide=MEMORY,
+            subprocess=MEMORY,
+            inprocess=Skip(f"{README_INPROCESS}: no memory cap, it would grow the server"),
+        ),
+        session="memory",
+    ),
+    Attack(
+        "memory_javascript_array",
+        program("""
+            import js
+            js.eval('globalThis.hog = [];'
+                    ' for (let i = 0; i < 500; i++) hog.push(new Float64Array(1e6).fill(1))')
+        """),
+        canary_intact,
+        pyodide_only(MEMORY),
+        session="memory",
+    ),
+    Attack(
+        "raise_rlimit_then_allocate",
+        program("""
+            import resource
+            try:
+                resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            except (ValueError, OSError):
+                pass
+            bytearray(2_000_000_000)
+        """),
+        canary_intact,
+        on(pyodide=SUBPROCESS_ONLY, subprocess=MEMORY, inprocess=SUBPROCESS_ONLY),
+        session="memory",
+    ),
+    # --- the subprocess backend's other limits ---
+    Attack(
+        "fork_bomb_bounded",
+        program("""
+            import os, time
+            kids = 0
+            for _ in range(200):
+                try:
+                    pid = os.fork()
+                except OSError:
+                    break
+                if pid == 0:
+                    time.sleep(2)
+                    os._exit(0)
+                kids += 1
+            kids
+        """),
+        count_below(200),
+        on(
+            pyodide=BLOCKED,
+            subprocess=Skip("RLIMIT_NPROC is not enforced for root (README settings table)")
+            if IS_ROOT
+            else contained("BlockingIOError", "OSError", "SandboxCrash"),
+            inprocess=Skip(f"{README_INPROCESS}: it would fork the server"),
+        ),
+        session="crash",
+    ),
+    Attack(
+        "file_over_the_size_limit",
+        "import os\nos.makedirs('@TMP@', exist_ok=True)\nwith open('@TMP@/big.bin', 'wb') as out:\n"
+        "    for _ in range(65):\n        out.write(b'0' * (1024 * 1024))",
+        size_at_most("big.bin", 64 * 1024 * 1024),
+        on(
+            pyodide=BLOCKED,
+            subprocess=contained("OSError", "SandboxCrash"),
+            inprocess=NotProtected(f"{README_INPROCESS}: rlimits apply to subprocess workers only"),
+        ),
+        session="crash",
+    ),
+    Attack(
+        "open_files_exhaustion",
+        program("""
+            handles = []
+            try:
+                for _ in range(5000):
+                    handles.append(open('/dev/null'))
+            except OSError:
+                pass
+            for handle in handles:
+                handle.close()
+            len(handles)
+        """),
+        count_below(5000),
+        on(
+            pyodide=SUBPROCESS_ONLY,
+            subprocess=BLOCKED,
+            inprocess=Skip(f"{README_INPROCESS}: it would use up the server's own descriptors"),
+        ),
+    ),
+]
+
+
+# --- the harness ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    root = tmp_path_factory.mktemp("red-team")
+    data, outside, output = root / "data", root / "outside", root / "output-root" / "out"
+    for folder in (data, outside, output):
+        folder.mkdir(parents=True)
+    (data / "public.txt").write_text("public\n")
+    (data / "victim.txt").write_text(VICTIM_TEXT)
+    (outside / "secret.txt").write_text(OUTSIDE_TEXT)
+    # An operator's link inside the data folder: the sandbox must not follow it out.
+    (data / "link.txt").symlink_to(outside / "secret.txt")
+    return World(data=data, output=output)
+
+
+@pytest.fixture(scope="module")
+async def client(anyio_backend: str, backend: str, world: World) -> AsyncIterator[Client]:
+    params = server_params(
+        MCP_SANDBOX_BACKEND=backend,
+        MCP_SANDBOX_DATA_DIR=str(world.data),
+        MCP_SANDBOX_OUTPUT_DIR=str(world.output),
+    )
+    async with Client(params) as connected:
+        yield connected
+
+
+async def workers_have_no_network(client: Client) -> bool:
+    """What the server says in the tool description (subprocess: where unshare works)."""
+    tools = {tool.name: tool.description or "" for tool in (await client.list_tools()).tools}
+    return "no network" in tools["execute_python"]
+
+
+async def assert_alive(client: Client) -> None:
+    reply = await send(client, "'alive'", "alive-probe", timeout=10)
+    assert reply.get("result") == "'alive'", f"the server stopped serving: {reply.summary()}"
+
+
+def test_the_table_is_big_and_distinct() -> None:
+    names = [attack.name for attack in ATTACKS]
+    assert len(names) == len(set(names)), "attack names must be distinct"
+    assert len({attack.code for attack in ATTACKS}) == len(ATTACKS), "attack programs must be distinct"
+    assert len(ATTACKS) >= 50
+    for attack in ATTACKS:
+        assert set(attack.expected) == set(BACKENDS), attack.name
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=[attack.name for attack in ATTACKS])
+async def test_attack(attack: Attack, backend: str, client: Client, world: World, tmp_path: Path) -> None:
+    expected = attack.expected[backend]
+    if isinstance(expected, IfIsolated):
+        expected = expected.isolated if await workers_have_no_network(client) else expected.shared
+    if isinstance(expected, Skip):
+        pytest.skip(expected.why)
+    session = attack.session
+    async with attack_host(client, world, tmp_path, session) as host:
+        reply = await send(client, host.render(attack.code), session, attack.timeout)
+        breach = await attack.check(host, reply)
+        if attack.cleanup is not None:
+            await send(client, host.render(attack.cleanup), session)
+    if isinstance(expected, NotProtected):
+        assert breach is not None, (
+            f"{attack.name} failed on {backend}, but the README says it is not protected ({expected.why}); "
+            f"update the README. Reply: {reply.summary()}"
+        )
+    else:
+        assert breach is None, f"{attack.name} got through on {backend}: {breach}\nreply: {reply.summary()}"
+        assert SECRET not in reply.dump(), f"the host secret came back: {reply.summary()}"
+        if isinstance(expected, Contained):
+            assert reply.get("error_type") in expected.error_types, (
+                f"{attack.name}: expected {sorted(expected.error_types)}, got {reply.summary()}"
+            )
+    await assert_alive(client)
