@@ -13,6 +13,7 @@ type InitMessage = {
   data_dir?: string;
   packages_dir?: string;
   allow_net?: string;
+  snapshot?: string;
 };
 type HostMessage =
   | InitMessage
@@ -113,6 +114,7 @@ function startWorker(message: InitMessage): Worker {
   // and its packages needs, and the network hosts the operator allowed.
   const read = [new URL(".", import.meta.url).pathname, message.pyodide_dir];
   if (message.packages_dir) read.push(message.packages_dir);
+  if (message.snapshot) read.push(message.snapshot);
   const permissions = {
     read,
     net: message.allow_net ? message.allow_net.split(",") : false,
@@ -164,6 +166,7 @@ function startWorker(message: InitMessage): Worker {
     syncState,
     syncData,
     packagesDir: message.packages_dir,
+    snapshot: message.snapshot,
   });
   sendData(started, message.data_dir);
   return started;

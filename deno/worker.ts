@@ -2,6 +2,7 @@
 // (mcp_sandbox/backends/guest_runtime.py), which returns each outcome as a JSON string.
 // The exact Pyodide version is pinned once, in deno.json.
 import { loadPyodide, type PyodideInterface } from "pyodide";
+import { HOME, PYODIDE_OPTIONS } from "./options.ts";
 
 type PyCallable = ((...args: unknown[]) => unknown) & { destroy?: () => void };
 type RunMessage = {
@@ -87,7 +88,6 @@ announceExit(self, "close");
 // The session's working directory: data/ is a read-only copy of the host's data folder, sent
 // by the runner's main thread (this worker may not read the folder); output/ is where the
 // program leaves files for the host.
-const HOME = "/home/sandbox";
 const GUEST_DATA = `${HOME}/data`;
 
 function setFolderModes(folder: string, mode: number): void {
@@ -174,11 +174,14 @@ async function init(
   state: Int32Array,
   data: SharedArrayBuffer,
   packages: string | undefined,
+  snapshot: string | undefined,
 ): Promise<void> {
   const started = performance.now();
   pyodide = await loadPyodide({
-    env: { HOME, MPLBACKEND: "Agg" },
+    ...PYODIDE_OPTIONS,
     ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
+    // Restoring the interpreter's memory skips most of the start-up (see deno/snapshot.ts).
+    ...(snapshot ? { _loadSnapshot: Deno.readFileSync(snapshot) } : {}),
   });
   if (packages) {
     packagesDir = packages;
@@ -248,6 +251,7 @@ async function handle(message: { type: string; [key: string]: unknown }): Promis
         message.syncState as Int32Array,
         message.syncData as SharedArrayBuffer,
         message.packagesDir as string | undefined,
+        message.snapshot as string | undefined,
       );
     } catch (error) {
       post(null, JSON.stringify({ type: "fatal", message: `Pyodide failed to load: ${error}` }));

@@ -8,11 +8,13 @@ sandboxed code never runs there, so a line the sandbox prints itself (``console.
 ``js.Deno.stdout``) carries no valid token and is dropped.
 
 Host -> runner:
-    init       {type, token, guest_runtime, pyodide_dir?, data_dir?, packages_dir?, allow_net?}
+    init       {type, token, guest_runtime, pyodide_dir?, data_dir?, packages_dir?, allow_net?,
+                snapshot?}
                                               first line, once: the token, the Python source of
                                               guest_runtime.py to load, the host folders the
-                                              sandbox reads (Pyodide, data/, packages) and the
-                                              hosts it may reach.
+                                              sandbox reads (Pyodide, data/, packages, the
+                                              memory snapshot to start from) and the hosts it
+                                              may reach.
     run        {type, id, code, max_output_chars, output, tools?}
                                               run a program in the session's interpreter;
                                               ``output`` caps what it hands back besides text
@@ -58,6 +60,7 @@ class InitMessage(TypedDict, total=False):
     data_dir: str
     packages_dir: str
     allow_net: str
+    snapshot: str
 
 
 class RunMessage(TypedDict, total=False):

@@ -8,6 +8,7 @@ virtual file system and environment are what sandboxed code sees.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -65,6 +66,7 @@ class PyodideBackend(Backend):
         self._deno_dir = settings.cache_dir / "deno"
         self._version = pyodide_version()
         self._pyodide_dir: Path | None = None
+        self._snapshot: Path | None = None
 
     def _sandbox_env(self) -> dict[str, str]:
         # The sandbox process gets a bare environment: nothing of the host's reaches even the runner.
@@ -87,6 +89,7 @@ class PyodideBackend(Backend):
             str(self._runner / "deno.json"),
             str(self._runner / "runner.ts"),
             str(self._runner / "worker.ts"),
+            str(self._runner / "snapshot.ts"),
         ]
         with anyio.fail_after(600):
             done = await anyio.run_process(command, env=self._fetch_env(), check=False)
@@ -99,7 +102,47 @@ class PyodideBackend(Backend):
         if not found:
             raise SandboxStartError(f"Pyodide {self._version} is not in the Deno cache at {self._deno_dir}")
         self._pyodide_dir = found[0]
-        logger.info("Pyodide %s ready in %s", self._version, self._pyodide_dir)
+        self._snapshot = await self._make_snapshot()
+        logger.info(
+            "Pyodide %s ready in %s%s",
+            self._version,
+            self._pyodide_dir,
+            " (sandboxes start from a memory snapshot)" if self._snapshot else "",
+        )
+
+    async def _make_snapshot(self) -> Path | None:
+        """The memory snapshot sandboxes restore instead of loading Pyodide from scratch, made
+        once per Pyodide version and runner; None (slower starts) when it cannot be made."""
+        assert self._pyodide_dir is not None
+        source = b"".join((self._runner / name).read_bytes() for name in ("snapshot.ts", "options.ts"))
+        tag = hashlib.sha256(source).hexdigest()[:12]
+        snapshot = self._settings.cache_dir / f"pyodide-{self._version}-{tag}.snapshot"
+        if snapshot.is_file():
+            return snapshot
+        partial = snapshot.with_suffix(f".{os.getpid()}.part")
+        command = [
+            str(self._deno),
+            "run",
+            "--no-prompt",
+            "--cached-only",
+            "--config",
+            str(self._runner / "deno.json"),
+            f"--allow-read={self._runner},{self._pyodide_dir}",
+            f"--allow-write={partial}",
+            str(self._runner / "snapshot.ts"),
+            str(partial),
+        ]
+        with anyio.move_on_after(120):
+            done = await anyio.run_process(command, env=self._sandbox_env(), cwd="/", check=False)
+            if done.returncode == 0 and partial.is_file():
+                partial.replace(snapshot)
+                return snapshot
+            logger.warning(
+                "no Pyodide memory snapshot (sandboxes start more slowly): %s",
+                done.stderr.decode(errors="replace").strip()[-400:],
+            )
+        partial.unlink(missing_ok=True)
+        return None
 
     def lock_file(self) -> Path:
         """Pyodide's lock file: every package of its distribution, with dependencies and sha256."""
@@ -128,7 +171,7 @@ class PyodideBackend(Backend):
         ]
 
     def _readable(self) -> list[Path]:
-        readable = [self._runner, self._pyodide_dir]
+        readable = [self._runner, self._pyodide_dir, self._snapshot]
         if self._settings.data_dir is not None:
             readable.append(self._settings.data_dir)
         if self._settings.packages_folder.is_dir():
@@ -150,6 +193,8 @@ class PyodideBackend(Backend):
             executor.init_message["packages_dir"] = str(settings.packages_folder)
         if settings.allow_net:
             executor.init_message["allow_net"] = settings.allow_net
+        if self._snapshot is not None:
+            executor.init_message["snapshot"] = str(self._snapshot)
         return await start_process_executor(
             executor, self._task_group, settings.start_timeout, memory_limit=settings.memory_mb * MB
         )
