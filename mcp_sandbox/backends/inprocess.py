@@ -175,9 +175,15 @@ class HostTransport:
 @dataclass(eq=False)
 class _Job:
     request: RunRequest
-    wake_host: Callable[[], None]
+    host_loop: asyncio.AbstractEventLoop
     done: anyio.Event = field(default_factory=anyio.Event)
     outcome: dict[str, Any] | None = None
+
+    def wake_host(self) -> None:
+        """Called on the executor thread when the outcome is in."""
+        # call_soon_threadsafe never blocks this thread, even while the server shuts down.
+        with suppress(RuntimeError):
+            self.host_loop.call_soon_threadsafe(self.done.set)
 
 
 class InProcessExecutor(Executor):
@@ -210,15 +216,8 @@ class InProcessExecutor(Executor):
     async def _submit(self, request: RunRequest) -> None:
         if not self.alive:
             raise SandboxDied("the in-process session thread is gone")
-        self.host_loop = host_loop = asyncio.get_running_loop()
-        job = _Job(request, wake_host=lambda: None)
-
-        def wake_host() -> None:
-            # call_soon_threadsafe never blocks this thread, even while the server shuts down.
-            with suppress(RuntimeError):
-                host_loop.call_soon_threadsafe(job.done.set)
-
-        job.wake_host = wake_host
+        self.host_loop = asyncio.get_running_loop()
+        job = _Job(request, self.host_loop)
         self._job = job
         self._jobs.put(job)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 from mcp import Client, StdioServerParameters
 
@@ -127,6 +128,26 @@ def still_running(processes: dict[int, bytes]) -> dict[int, bytes]:
         except OSError:
             continue
     return alive
+
+
+async def call_watched(
+    client: Client, code_for_port: Callable[[int], str]
+) -> tuple[dict[str, Any], list[str]]:
+    """Call the program `code_for_port(port)` while a TCP listener on 127.0.0.1:port records
+    every connection made to it: (the result, the connections)."""
+    connections: list[str] = []
+
+    async def note(stream: anyio.abc.SocketStream) -> None:
+        connections.append("connected")
+        await stream.aclose()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as group:
+        group.start_soon(listener.serve, note)
+        result = await call(client, code_for_port(port))
+        group.cancel_scope.cancel()
+    return result, connections
 
 
 def server_env(**extra: str) -> dict[str, str]:

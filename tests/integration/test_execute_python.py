@@ -13,6 +13,7 @@ from mcp import Client
 from tests.integration.conftest import (
     TEST_ENV,
     call,
+    call_watched,
     needs_isolation,
     needs_pyodide,
     pid_with_environ,
@@ -262,18 +263,9 @@ async def test_host_files_are_out_of_reach(client: Client, backend: str, code: s
 
 async def test_network_is_denied(client: Client, backend: str) -> None:
     needs_pyodide(backend, "the CPython backends share the host's network (see README)")
-    connections: list[str] = []
-
-    async def note(stream: anyio.abc.SocketStream) -> None:
-        connections.append("connected")
-        await stream.aclose()
-
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with listener, anyio.create_task_group() as group:
-        group.start_soon(listener.serve, note)
-        result = await call(client, f"import js\nawait js.fetch('http://127.0.0.1:{port}/')")
-        group.cancel_scope.cancel()
+    result, connections = await call_watched(
+        client, lambda port: f"import js\nawait js.fetch('http://127.0.0.1:{port}/')"
+    )
     assert result["success"] is False and "net access" in result["error"]
     assert connections == []
 

@@ -7,13 +7,11 @@ import shutil
 import subprocess
 from collections.abc import AsyncIterator
 
-import anyio
-import anyio.abc
 import pytest
 from mcp import Client
 
 from mcp_sandbox.backends.subprocess import UNSHARE_ARGS
-from tests.integration.conftest import call, server_params
+from tests.integration.conftest import call, call_watched, server_params
 
 pytestmark = pytest.mark.anyio
 
@@ -84,19 +82,9 @@ def user_namespaces_work() -> bool:
 async def test_workers_have_no_network_where_namespaces_allow(client: Client) -> None:
     if not user_namespaces_work():
         pytest.skip("unshare --user --net is not available here, so workers share the host's network")
-    connections: list[str] = []
-
-    async def note(stream: anyio.abc.SocketStream) -> None:
-        connections.append("connected")
-        await stream.aclose()
-
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with listener, anyio.create_task_group() as group:
-        group.start_soon(listener.serve, note)
-        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)"
-        result = await call(client, code)
-        group.cancel_scope.cancel()
+    result, connections = await call_watched(
+        client, lambda port: f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)"
+    )
     assert result["success"] is False and result["error_type"] in {"OSError", "ConnectionRefusedError"}, (
         result
     )
