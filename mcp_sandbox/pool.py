@@ -16,6 +16,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds to wait before retrying after a failed start, doubling up to the cap.
 RETRY_DELAY, RETRY_DELAY_CAP = 0.5, 30.0
+#: Failed starts in a row before a waiter is told: one may be a sandbox killed while starting.
+FAILURES_BEFORE_TELLING = 2
 
 
 class PoolUnavailable(Exception):
@@ -108,8 +110,8 @@ class WarmPool:
             self._failures += 1
             self._last_error = str(error)
             logger.error("could not start a sandbox: %s", error)
-            # Tell one waiter now rather than let it wait out its timeout for a start that fails.
-            if self._waiters:
+            # Tell one waiter now rather than let it wait out its timeout for starts that keep failing.
+            if self._waiters and self._failures >= FAILURES_BEFORE_TELLING:
                 waiter = self._waiters.popleft()
                 waiter.error = f"could not start a sandbox: {error}"
                 waiter.ready.set()

@@ -63,6 +63,23 @@ async def test_a_failing_start_reaches_the_waiter_at_once() -> None:
         group.cancel_scope.cancel()
 
 
+async def test_a_single_failed_start_is_retried_for_the_waiter() -> None:
+    attempts: list[int] = []
+
+    async def flaky() -> Executor:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise SandboxStartError("killed while starting")
+        return FakeExecutor()
+
+    async with anyio.create_task_group() as group:
+        pool = WarmPool(flaky, size=0, task_group=group, acquire_timeout=30)
+        with anyio.fail_after(5):
+            executor = await pool.acquire()
+        assert executor.alive and len(attempts) == 2
+        await pool.close()
+
+
 async def test_acquire_gives_up_after_its_timeout() -> None:
     async def slow() -> Executor:
         await anyio.sleep(10)
