@@ -1,11 +1,18 @@
-"""Command line: `mcp-sandbox` (stdio server) and `mcp-sandbox serve ...`."""
+"""Command line: `mcp-sandbox` (the stdio server), `serve`, `run`, `doctor` and `warmup`."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import itertools
+import json
 import logging
+import os
 import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 import anyio
@@ -16,30 +23,74 @@ from mcp_sandbox import __version__
 from mcp_sandbox.backends.base import SandboxStartError
 from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version
 from mcp_sandbox.bridge.config import BridgeConfigError
+from mcp_sandbox.doctor import (
+    Check,
+    check_settings,
+    claude_desktop_config,
+    describe_validation_error,
+    http_client_config,
+    package_location,
+    run_checks,
+)
 from mcp_sandbox.http_auth import BearerAuth
 from mcp_sandbox.packages import PackageError, default_index_url, warm_packages
+from mcp_sandbox.pool import PoolUnavailable
+from mcp_sandbox.result import ExecutionResult
+from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.server import App, build_server
+from mcp_sandbox.sessions import SessionLimitReached
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger("mcp_sandbox")
 
 Transport = Literal["stdio", "sse", "http"]
 
+#: Exit status of `run` when the program could not be run at all (1 is the program failing).
+RUN_IMPOSSIBLE = 2
+#: Failures whose message is already a sentence for the user.
+EXPECTED_ERRORS = (SandboxStartError, BridgeConfigError, PackageError, PoolUnavailable, SessionLimitReached)
+
+
+BACKEND_CHOICES = ["auto", "pyodide", "subprocess", "inprocess"]
+
+SETTINGS_NOTE = (
+    "Every setting can also come from an MCP_SANDBOX_* environment variable or a .env file in the "
+    "working directory (see .env.example)."
+)
+
+
+class CliError(Exception):
+    """A problem to report as one line on stderr, with an exit status."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mcp-sandbox",
-        description="An MCP server that runs Python in a sandbox. With no command, serves MCP over stdio.",
+        description="An MCP server whose tool execute_python runs Python in a sandbox (Deno + Pyodide by "
+        "default). With no command, serves MCP over stdio, which is what Claude Desktop starts.",
+        epilog="Start with `mcp-sandbox doctor`: it checks this machine and prints a client config. "
+        + SETTINGS_NOTE,
     )
     parser.add_argument("--version", action="version", version=f"mcp-sandbox {__version__}")
-    commands = parser.add_subparsers(dest="command")
-    serve = commands.add_parser("serve", help="run the MCP server", description="Run the MCP server.")
-    serve.add_argument("--transport", choices=["stdio", "sse", "http"], default="stdio")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="run the MCP server (stdio, streamable HTTP or SSE)",
+        description="Run the MCP server: over stdio (the default), streamable HTTP at /mcp, or SSE at /sse. "
+        "HTTP and SSE listen on 127.0.0.1 unless told otherwise; set MCP_SANDBOX_AUTH_TOKEN before "
+        "binding any other address.",
+        epilog=SETTINGS_NOTE,
+    )
+    serve.add_argument("--transport", choices=["stdio", "sse", "http"], default="stdio", help="default stdio")
     serve.add_argument("--host", default="127.0.0.1", help="address for sse/http (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port for sse/http (default 8000)")
     serve.add_argument(
         "--backend",
-        choices=["auto", "pyodide", "subprocess", "inprocess"],
+        choices=BACKEND_CHOICES,
         help="overrides MCP_SANDBOX_BACKEND (inprocess: trusted code only)",
     )
     serve.add_argument("--policy", choices=["off", "strict"], help="overrides MCP_SANDBOX_POLICY")
@@ -52,25 +103,90 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides MCP_SANDBOX_LOG_LEVEL"
     )
+    run = commands.add_parser(
+        "run",
+        help="run a Python program in the sandbox and print what it prints",
+        description="Run a Python program in the sandbox, with the same limits and result as the "
+        "execute_python tool: its stdout goes to stdout, its stderr to stderr, the value of its final "
+        "expression is printed like a REPL, and on failure the error and traceback go to stderr. "
+        "Exit status: 0 when the program succeeded, 1 when it failed (an exception, a timeout, a memory "
+        "limit), 2 when it could not be run.",
+        epilog=SETTINGS_NOTE,
+    )
+    run.add_argument("file", metavar="FILE", help="the program, or - to read it from standard input")
+    run.add_argument(
+        "--backend",
+        choices=BACKEND_CHOICES,
+        help="overrides MCP_SANDBOX_BACKEND (inprocess: trusted code only)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="seconds the program may run (default MCP_SANDBOX_TIMEOUT, 30)",
+    )
+    commands.add_parser(
+        "doctor",
+        help="check this machine and print client configs",
+        description="Check what mcp-sandbox needs, one line each with a fix for each problem: Python, "
+        "Deno, the Pyodide cache, each backend (started for real, running 1 + 1), user namespaces, the "
+        "bridge config and each upstream server in it, the packages folder. Then print a Claude Desktop "
+        "config for this installation and a streamable HTTP client config. Exit status 1 when something "
+        "the configured backend needs does not work.",
+        epilog=SETTINGS_NOTE,
+    )
     warmup = commands.add_parser(
         "warmup",
         help="fetch Pyodide, and Pyodide packages, for offline use",
         description="Fetch Pyodide into the cache and, with --packages, packages of the Pyodide "
         "distribution (with their dependencies) into the packages folder, so sandboxes load them offline.",
+        epilog=SETTINGS_NOTE,
     )
     warmup.add_argument("--packages", default="", help="comma-separated, e.g. numpy,pandas,matplotlib")
     warmup.add_argument("--index-url", help="where to fetch them (default: the Pyodide CDN for this version)")
     return parser
 
 
+@asynccontextmanager
+async def showing_progress(label: str) -> AsyncIterator[None]:
+    """A spinner with the seconds so far on a terminal (one line each way in a log), so a first
+    download that takes a minute does not look stuck."""
+    started = time.monotonic()
+    terminal = sys.stderr.isatty()
+
+    async def spin() -> None:
+        for frame in itertools.cycle("|/-\\"):
+            print(
+                f"\r{frame} {label} {time.monotonic() - started:.0f} s ", end="", file=sys.stderr, flush=True
+            )
+            await anyio.sleep(0.25)
+
+    if not terminal:
+        print(f"{label} ...", file=sys.stderr, flush=True)
+    async with anyio.create_task_group() as group:
+        if terminal:
+            group.start_soon(spin)
+        try:
+            yield
+        finally:
+            group.cancel_scope.cancel()
+            if terminal:
+                print(file=sys.stderr)
+    print(f"{label}: done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+
+
 async def warm_up(settings: Settings, packages: list[str], index_url: str | None) -> None:
     deno = find_deno(settings)
     if deno is None:
-        raise SandboxStartError("no Deno found: the pyodide backend cannot be warmed up")
+        raise SandboxStartError(
+            "no Deno found, so Pyodide cannot be warmed up: install the `deno` package "
+            "(pip install deno) or set MCP_SANDBOX_DENO_PATH"
+        )
     async with anyio.create_task_group() as group:
         # Only prepare() is used here, which starts no tasks.
         backend = PyodideBackend(settings, group, deno)
-    await backend.prepare()
+    async with showing_progress(f"Pyodide {pyodide_version()}: fetching (once) and preparing"):
+        await backend.prepare()
     print(f"Pyodide {pyodide_version()} is in {settings.cache_dir}", file=sys.stderr)
     if packages:
         url = index_url or default_index_url(pyodide_version())
@@ -107,28 +223,144 @@ async def serve(settings: Settings, transport: Transport, host: str, port: int) 
         await uvicorn.Server(config).serve()
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+async def run_program(settings: Settings, code: str) -> int:
+    """Run one program as `execute_python` would and print its result like a terminal session."""
+    async with Sandbox(settings=settings) as sandbox:
+        result = await sandbox.run(code)
+    print_result(result)
+    return 0 if result.success else 1
+
+
+def print_result(result: ExecutionResult) -> None:
+    sys.stdout.write(result.stdout)
+    if result.result is not None:
+        # A REPL shows the value on a line of its own.
+        if result.stdout and not result.stdout.endswith("\n"):
+            sys.stdout.write("\n")
+        print(result.result)
+    sys.stdout.flush()
+    sys.stderr.write(result.stderr)
+    if not result.success:
+        if result.stderr and not result.stderr.endswith("\n"):
+            sys.stderr.write("\n")
+        error = (result.error or "").rstrip("\n")
+        print(
+            error if result.error_type and result.error_type in error else f"{result.error_type}: {error}",
+            file=sys.stderr,
+        )
+    for file in result.files:
+        copied = (
+            f", copied to {file.saved_to}" if file.saved_to else " (set MCP_SANDBOX_OUTPUT_DIR to keep it)"
+        )
+        print(
+            f"mcp-sandbox: the program wrote output/{file.name} ({file.size} bytes){copied}", file=sys.stderr
+        )
+    if result.truncated:
+        print("mcp-sandbox: note: output was cut to MCP_SANDBOX_MAX_OUTPUT_CHARS", file=sys.stderr)
+    for note in result.notes:
+        print(f"mcp-sandbox: note: {note}", file=sys.stderr)
+
+
+def read_program(name: str) -> str:
+    if name == "-":
+        return sys.stdin.read()
+    try:
+        return Path(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CliError(f"no such file: {name}", RUN_IMPOSSIBLE) from None
+    except OSError as error:
+        raise CliError(f"cannot read {name}: {error.strerror}", RUN_IMPOSSIBLE) from None
+    except UnicodeDecodeError:
+        raise CliError(f"{name} is not UTF-8 text", RUN_IMPOSSIBLE) from None
+
+
+async def doctor(overrides: dict[str, Any]) -> int:
+    """Print every check as it completes, then the client configs; 1 when a required check failed."""
+    print(f"mcp-sandbox {__version__} at {package_location()}")
+    settings_check, settings = check_settings(overrides)
+    checks = [settings_check]
+    print_check(settings_check)
+    if settings is not None:
+        async for check in run_checks(settings):
+            print_check(check)
+            checks.append(check)
+    failed = [check.name for check in checks if check.status == "failed"]
+    warned = [check.name for check in checks if check.status == "warning"]
+    print()
+    print("Claude Desktop: add this to claude_desktop_config.json")
+    print(json.dumps(claude_desktop_config(), indent=2))
+    print()
+    if settings is not None:
+        print("Streamable HTTP: run `mcp-sandbox serve --transport http`, then give your client")
+        print(json.dumps(http_client_config(settings), indent=2))
+        print()
+    if failed:
+        print(f"FAILED: {', '.join(failed)}; see the fix under each.")
+        return 1
+    print("Ready" + (f", with warnings: {', '.join(warned)}." if warned else "."))
+    return 0
+
+
+def print_check(check: Check) -> None:
+    mark = {"ok": "✓", "warning": "!", "failed": "✗"}[check.status]
+    try:
+        mark.encode(sys.stdout.encoding or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        mark = {"ok": "ok  ", "warning": "WARN", "failed": "FAIL"}[check.status]
+    print(f"{mark} {check.name:<20} {check.detail}")
+    if check.fix and check.status != "ok":
+        print(f"  {'':<20} fix: {check.fix}")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {
         name: value
         for name in ("backend", "policy", "bridge_config", "pool_size", "log_level")
         if (value := getattr(args, name, None)) is not None
     }
+    if args.command == "run":
+        # One program: one sandbox, started when it is needed, and no other kept warm.
+        overrides["pool_size"] = 0
+        if args.timeout is not None:
+            overrides["timeout"] = overrides["max_timeout"] = args.timeout
+    return overrides
+
+
+def _settings(overrides: dict[str, Any]) -> Settings:
     try:
-        settings = Settings(**overrides)
+        return Settings(**overrides)
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        sys.exit(f"mcp-sandbox: invalid setting: {problems}")
-    logging.basicConfig(
-        level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        raise CliError(f"invalid setting: {describe_validation_error(error)}", RUN_IMPOSSIBLE) from None
+
+
+def _configure_logging(settings: Settings, command: str) -> None:
+    # The server logs what it does; the other commands print their own, and say only what is wrong.
+    quiet = {"serve": "INFO", "doctor": "CRITICAL"}.get(command, "WARNING")
+    level = settings.log_level if "log_level" in settings.model_fields_set else quiet
+    layout = (
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"
+        if command == "serve"
+        else ("mcp-sandbox: %(levelname)s: %(message)s")
     )
-    if args.command == "warmup":
+    logging.basicConfig(level=level, stream=sys.stderr, format=layout)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    command: str = args.command or "serve"
+    overrides = _overrides(args)
+    if command == "doctor":
+        logging.basicConfig(level=logging.CRITICAL, stream=sys.stderr)
+        return anyio.run(doctor, overrides)
+    if command == "run":
+        code = read_program(args.file)
+    settings = _settings(overrides)
+    _configure_logging(settings, command)
+    if command == "run":
+        return anyio.run(run_program, settings, code)
+    if command == "warmup":
         names = [name.strip() for name in args.packages.split(",") if name.strip()]
-        try:
-            anyio.run(warm_up, settings, names, args.index_url)
-        except (SandboxStartError, PackageError) as error:
-            sys.exit(f"mcp-sandbox warmup: {error}")
-        return
+        anyio.run(warm_up, settings, names, args.index_url)
+        return 0
     transport: Transport = getattr(args, "transport", "stdio")
     host: str = getattr(args, "host", "127.0.0.1")
     port: int = getattr(args, "port", 8000)
@@ -138,9 +370,46 @@ def main(argv: list[str] | None = None) -> None:
             "Set MCP_SANDBOX_AUTH_TOKEN to require Authorization: Bearer <token>.",
             host,
         )
+    anyio.run(serve, settings, transport, host, port)
+    return 0
+
+
+def _innermost(error: BaseException) -> BaseException:
+    """The one error inside task-group wrappers, which say nothing to a user."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
     try:
-        anyio.run(serve, settings, transport, host, port)
-    except (SandboxStartError, BridgeConfigError) as error:
-        sys.exit(f"mcp-sandbox: {error}")
+        status = _dispatch(args)
     except KeyboardInterrupt:
-        pass
+        status = 130
+    except BaseException as raised:  # every failure ends as one line, never a traceback
+        error = _innermost(raised)
+        if isinstance(error, KeyboardInterrupt):
+            status = 130
+        elif isinstance(error, SystemExit):
+            raise error from None
+        elif isinstance(error, CliError):
+            status = _fail(str(error), error.status)
+        elif isinstance(error, EXPECTED_ERRORS):
+            status = _fail(str(error), RUN_IMPOSSIBLE if args.command == "run" else 1)
+        elif isinstance(error, BrokenPipeError):
+            # The reader went away (`mcp-sandbox run x.py | head`); nothing left to say.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            status = 1
+        else:
+            logger.debug("unexpected error", exc_info=error)
+            status = _fail(
+                f"unexpected error: {type(error).__name__}: {error} (MCP_SANDBOX_LOG_LEVEL=DEBUG: where)",
+                1,
+            )
+    sys.exit(status)
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"mcp-sandbox: {message}", file=sys.stderr)
+    return status

@@ -103,24 +103,32 @@ def download(package: PackageFile, folder: Path, index_url: str, progress: Progr
 
 
 def progress_bar(package: PackageFile, done: int, total: int | None) -> None:
-    """A one-line bar on stderr, redrawn in place."""
+    """A one-line bar on stderr, redrawn in place on a terminal; a log gets only `warm_packages`'
+    line per file, not a redraw per 64 KB."""
+    if not sys.stderr.isatty():
+        return
     width = 30
     if total:
         filled = int(width * done / total)
         bar = f"[{'#' * filled}{'.' * (width - filled)}] {done / total:4.0%} of {total / 1e6:.1f} MB"
     else:
         bar = f"{done / 1e6:.1f} MB"
-    end = "\n" if total and done >= total else ""
-    print(f"\r  {package.name:<24} {bar}", end=end, file=sys.stderr, flush=True)
+    print(f"\r  {package.name:<24} {bar}", end="", file=sys.stderr, flush=True)
 
 
 def warm_packages(lock_file: Path, names: list[str], folder: Path, index_url: str) -> list[PackageFile]:
     """Fetch `names` and their dependencies into `folder`; the packages fetched."""
     lock = json.loads(lock_file.read_text(encoding="utf-8"))
+    wanted = resolve(lock, names)
+    print(f"  {len(wanted)} package files: {', '.join(package.name for package in wanted)}", file=sys.stderr)
     fetched = []
-    for package in resolve(lock, names):
+    for number, package in enumerate(wanted, 1):
         if download(package, folder, index_url, progress_bar):
             fetched.append(package)
+            size = (folder / package.file_name).stat().st_size
+            state = f"fetched, {size / 1e6:.1f} MB, sha256 checked"
         else:
-            print(f"  {package.name:<24} already here", file=sys.stderr)
+            state = "already here"
+        # Padded to cover the bar it replaces on a terminal.
+        print(f"\r  {package.name:<24} {state} ({number}/{len(wanted)})".ljust(72), file=sys.stderr)
     return fetched

@@ -1,0 +1,367 @@
+"""`mcp-sandbox doctor`: what works on this machine, what does not, and how to fix it.
+
+Each check is one function returning a `Check`; `run_checks` yields them in the order printed.
+Nothing here changes the machine: the backends are tried with `1 + 1` and thrown away.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+from mcp import Client, StdioServerParameters
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from pydantic import ValidationError
+
+import mcp_sandbox
+from mcp_sandbox.backends.base import SandboxStartError
+from mcp_sandbox.backends.pyodide import find_deno, pyodide_version
+from mcp_sandbox.backends.subprocess import UNSHARE_ARGS
+from mcp_sandbox.bridge.config import BridgeConfigError, StdioUpstream, Upstream, load_bridge_config
+from mcp_sandbox.sandbox import Sandbox
+from mcp_sandbox.settings import Settings
+
+Status = Literal["ok", "warning", "failed"]
+BACKENDS = ("pyodide", "subprocess", "inprocess")
+#: Seconds a backend gets to start and answer `1 + 1`; a warm machine needs about one.
+BACKEND_TIMEOUT = 60.0
+#: Seconds an upstream gets to connect and list its tools.
+UPSTREAM_TIMEOUT = 15.0
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """Which settings are wrong and why, on one line, by the names a user sets them with."""
+    return "; ".join(
+        f"MCP_SANDBOX_{'_'.join(map(str, problem['loc'])).upper()}: {problem['msg']}"
+        for problem in error.errors()
+    )
+
+
+def check_settings(overrides: dict[str, Any]) -> tuple[Check, Settings | None]:
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        return (
+            Check(
+                "settings",
+                "failed",
+                describe_validation_error(error),
+                "correct or unset that variable (in the environment or .env)",
+            ),
+            None,
+        )
+    dotenv = " and .env" if Path(".env").is_file() else ""
+    return Check("settings", "ok", f"read from MCP_SANDBOX_* variables{dotenv}"), settings
+
+
+def check_python() -> Check:
+    # Always new enough: mcp-sandbox installs and imports only on 3.11+ (pyproject's requires-python).
+    version = ".".join(map(str, sys.version_info[:3]))
+    return Check("Python", "ok", f"{version} at {sys.executable}")
+
+
+async def check_deno(settings: Settings) -> Check:
+    # Only the pyodide backend needs Deno; `auto` falls back to subprocess without it.
+    severity: Status = "failed" if settings.backend == "pyodide" else "warning"
+    deno = find_deno(settings)
+    if deno is None:
+        if settings.deno_path is not None:
+            return Check(
+                "Deno",
+                severity,
+                f"MCP_SANDBOX_DENO_PATH={settings.deno_path} is not an executable file",
+                "point MCP_SANDBOX_DENO_PATH at a Deno binary, or unset it to use the `deno` package's",
+            )
+        return Check(
+            "Deno",
+            severity,
+            "not found (the `deno` package provides it)",
+            f"{sys.executable} -m pip install 'deno>=2.5,<3', or set MCP_SANDBOX_DENO_PATH",
+        )
+    try:
+        with anyio.fail_after(20):
+            done = await anyio.run_process([str(deno), "--version"], check=False)
+    except (OSError, TimeoutError) as error:
+        return Check("Deno", severity, f"{deno} does not run: {error}", "reinstall it: pip install -U deno")
+    if done.returncode != 0:
+        return Check("Deno", severity, f"{deno} --version failed", "reinstall it: pip install -U deno")
+    version = done.stdout.decode(errors="replace").split("\n", 1)[0].split(" (", 1)[0]
+    return Check("Deno", "ok", f"{version} at {deno}")
+
+
+def check_pyodide_cache(settings: Settings) -> Check:
+    try:
+        version = pyodide_version()
+    except SandboxStartError as error:
+        return Check("Pyodide", "failed", str(error), "reinstall mcp-sandbox: its deno/ folder is incomplete")
+    # Where PyodideBackend.prepare() has Deno keep it.
+    deno_dir = settings.cache_dir / "deno"
+    if not any((deno_dir / "npm").glob(f"*/pyodide/{version}")):
+        return Check(
+            "Pyodide",
+            "warning",
+            f"{version} is not cached in {deno_dir} yet (the first start fetches it from the npm registry)",
+            "run `mcp-sandbox warmup` once, where the npm registry is reachable",
+        )
+    snapshot = any(settings.cache_dir.glob(f"pyodide-{version}-*.snapshot"))
+    return Check(
+        "Pyodide",
+        "ok",
+        f"{version} cached in {deno_dir}" + ("" if snapshot else " (no memory snapshot yet: slower starts)"),
+    )
+
+
+async def check_backend(settings: Settings, name: str) -> Check:
+    """Start the backend for real and run `1 + 1`; nothing of the server's setup is used."""
+    trial = settings.model_copy(
+        update={
+            "backend": name,
+            "pool_size": 0,
+            "bridge_config": None,
+            "audit_log": None,
+            "save_code": None,
+            "output_dir": None,
+            "start_timeout": BACKEND_TIMEOUT,
+        }
+    )
+    started = time.monotonic()
+    try:
+        with anyio.fail_after(BACKEND_TIMEOUT):
+            async with Sandbox(settings=trial) as sandbox:
+                result = await sandbox.run("1 + 1", timeout=10)
+    except TimeoutError:
+        problem = f"did not start and answer within {BACKEND_TIMEOUT:g} s"
+    except Exception as error:  # noqa: BLE001 - any failure means unusable, and is reported, not raised
+        problem = str(error) or type(error).__name__
+    else:
+        if result.success and result.result == "2":
+            seconds = time.monotonic() - started
+            trusted = "; trusted code only: no isolation from the server" if name == "inprocess" else ""
+            return Check(f"{name} backend", "ok", f"1 + 1 = 2 in {seconds:.1f} s{trusted}")
+        problem = f"1 + 1 gave {result.error_type or result.result}: {result.error or ''}".strip(": ")
+    return Check(f"{name} backend", "failed", problem[:300], _BACKEND_FIXES[name])
+
+
+_BACKEND_FIXES = {
+    "pyodide": "fix the Deno and Pyodide problems above; `mcp-sandbox warmup` shows Deno's own error",
+    "subprocess": f"check that `{sys.executable} -I -c 1` runs and MCP_SANDBOX_MEMORY_MB is not too low",
+    "inprocess": "reinstall mcp-sandbox; this backend needs nothing but Python",
+}
+
+
+def judge_backends(settings: Settings, checks: dict[str, Check]) -> list[Check]:
+    """A backend that does not work fails the doctor only when the server as configured needs it:
+    it is the configured one, or (auto) neither pyodide nor subprocess works."""
+    usable = {name for name, check in checks.items() if check.status == "ok"}
+    judged = []
+    for name, check in checks.items():
+        if check.status == "ok":
+            judged.append(check)
+            continue
+        if settings.backend == "auto":
+            needed = name != "inprocess" and not usable & {"pyodide", "subprocess"}
+            fallback = " (auto falls back to subprocess)" if name == "pyodide" and not needed else ""
+        else:
+            needed, fallback = settings.backend == name, ""
+        status: Status = "failed" if needed else "warning"
+        judged.append(Check(check.name, status, check.detail + fallback, check.fix))
+    return judged
+
+
+async def check_user_namespaces() -> Check:
+    """The probe the subprocess backend makes: can a worker get its own, empty network namespace?"""
+    unshare = shutil.which("unshare")
+    fix = (
+        "allow unprivileged user namespaces (sysctl user.max_user_namespaces=10000, or "
+        "kernel.unprivileged_userns_clone=1; in Docker, a seccomp profile that permits unshare)"
+    )
+    if unshare is None:
+        return Check(
+            "user namespaces",
+            "warning",
+            "no `unshare`: subprocess workers would share the host's network",
+            "install util-linux",
+        )
+    try:
+        with anyio.fail_after(10):
+            done = await anyio.run_process([unshare, *UNSHARE_ARGS, "true"], check=False)
+    except (OSError, TimeoutError):
+        done = None
+    if done is None or done.returncode != 0:
+        return Check(
+            "user namespaces",
+            "warning",
+            "unavailable: subprocess workers would share the host's network",
+            fix,
+        )
+    return Check("user namespaces", "ok", "subprocess workers get their own empty network namespace")
+
+
+def check_user() -> Check:
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Check(
+            "user",
+            "warning",
+            "running as root: the subprocess backend cannot limit a worker's processes (RLIMIT_NPROC)",
+            "run mcp-sandbox as an unprivileged user",
+        )
+    return Check("user", "ok", "not root")
+
+
+@asynccontextmanager
+async def _connect(upstream: Upstream) -> AsyncIterator[Client]:
+    # As the bridge connects: stdio child process, SSE for a URL ending in /sse, else streamable HTTP.
+    if isinstance(upstream, StdioUpstream):
+        params = StdioServerParameters(
+            command=upstream.command, args=upstream.args, env=upstream.env or None, cwd=upstream.cwd
+        )
+        async with Client(params) as client:
+            yield client
+    elif upstream.is_sse:
+        async with Client(sse_client(upstream.url, headers=upstream.headers or None)) as client:
+            yield client
+    else:
+        http = create_mcp_http_client(headers=upstream.headers or None)
+        async with http, Client(streamable_http_client(upstream.url, http_client=http)) as client:
+            yield client
+
+
+async def check_upstream(name: str, upstream: Upstream) -> Check:
+    where = (
+        " ".join([upstream.command, *upstream.args]) if isinstance(upstream, StdioUpstream) else upstream.url
+    )
+    try:
+        with anyio.fail_after(UPSTREAM_TIMEOUT):
+            async with _connect(upstream) as client:
+                count, cursor = 0, None
+                for _ in range(100):  # pages, bounded as the bridge bounds them
+                    listing = await client.list_tools(cursor=cursor)
+                    count += len(listing.tools)
+                    cursor = listing.next_cursor
+                    if not cursor:
+                        break
+    except TimeoutError:
+        problem = f"no answer within {UPSTREAM_TIMEOUT:g} s"
+    except Exception as error:  # noqa: BLE001 - an unreachable upstream is reported, whatever the cause
+        problem = _innermost(error)
+    else:
+        return Check(f"upstream {name}", "ok", f"reachable, {count} tools ({where})")
+    return Check(
+        f"upstream {name}",
+        "failed",
+        f"unreachable: {problem} ({where})"[:300],
+        "start it or correct its entry; for a command, try running it yourself",
+    )
+
+
+def _innermost(error: BaseException) -> str:
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return str(error) or type(error).__name__
+
+
+def check_packages_folder(settings: Settings) -> Check:
+    folder = settings.packages_folder
+    if not folder.is_dir():
+        return Check(
+            "packages folder",
+            "ok",
+            f"{folder} is not there (optional: `mcp-sandbox warmup --packages numpy` makes it)",
+        )
+    if not os.access(folder, os.R_OK | os.X_OK):
+        return Check("packages folder", "failed", f"{folder} is not readable", f"chmod u+rx {folder}")
+    files = [path for path in folder.iterdir() if path.suffix in (".whl", ".zip", ".tar")]
+    return Check("packages folder", "ok", f"{folder}: {len(files)} package files")
+
+
+async def run_checks(settings: Settings) -> AsyncGenerator[Check, None]:
+    """Every check, in the order printed; the backends are tried one after another."""
+    yield check_python()
+    yield await check_deno(settings)
+    pyodide_cache = check_pyodide_cache(settings)
+    yield pyodide_cache
+    backends: dict[str, Check] = {}
+    for name in BACKENDS:
+        if name == "pyodide" and pyodide_cache.status != "ok":
+            # Trying would fetch Pyodide, which is warmup's job; the check above says so.
+            backends[name] = Check(
+                f"{name} backend", "failed", "not tried: Pyodide is not cached", "run `mcp-sandbox warmup`"
+            )
+        else:
+            backends[name] = await check_backend(settings, name)
+    for check in judge_backends(settings, backends):
+        yield check
+    yield await check_user_namespaces()
+    yield check_user()
+    if settings.bridge_config is None:
+        yield Check("bridge config", "ok", "none (MCP_SANDBOX_BRIDGE_CONFIG is not set; it is optional)")
+    else:
+        try:
+            config = load_bridge_config(settings.bridge_config)
+        except BridgeConfigError as error:
+            yield Check(
+                "bridge config", "failed", str(error), "correct the file, or unset MCP_SANDBOX_BRIDGE_CONFIG"
+            )
+        else:
+            yield Check("bridge config", "ok", f"{settings.bridge_config}: {len(config.servers)} upstreams")
+            for name, upstream in config.servers.items():
+                yield await check_upstream(name, upstream)
+    yield check_packages_folder(settings)
+
+
+def server_command() -> list[str]:
+    """How this very installation is started: the `mcp-sandbox` script in use, or `python -m`."""
+    script = Path(sys.argv[0])
+    if script.name.startswith("mcp-sandbox") and script.is_file():
+        return [os.path.abspath(script)]
+    found = shutil.which("mcp-sandbox")
+    # Only a script beside this interpreter is surely this installation.
+    if found is not None and Path(found).parent == Path(sys.executable).parent:
+        return [os.path.abspath(found)]
+    # Not resolved: a virtual environment's python is a link that must stay inside it.
+    return [os.path.abspath(sys.executable), "-m", "mcp_sandbox"]
+
+
+def claude_desktop_config() -> dict[str, Any]:
+    command, *args = server_command()
+    entry: dict[str, Any] = {"command": command}
+    if args:
+        entry["args"] = args
+    # Claude Desktop starts the server elsewhere, without this shell's variables or .env file.
+    env = {
+        name: value
+        for name, value in sorted(os.environ.items())
+        if name.startswith("MCP_SANDBOX_") and name != "MCP_SANDBOX_AUTH_TOKEN"
+    }
+    if env:
+        entry["env"] = env
+    return {"mcpServers": {"python-sandbox": entry}}
+
+
+def http_client_config(settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> dict[str, Any]:
+    entry: dict[str, Any] = {"type": "http", "url": f"http://{host}:{port}/mcp"}
+    if settings.auth_token is not None:
+        entry["headers"] = {"Authorization": "Bearer <MCP_SANDBOX_AUTH_TOKEN>"}
+    return {"mcpServers": {"python-sandbox": entry}}
+
+
+def package_location() -> Path:
+    return Path(mcp_sandbox.__file__).resolve().parent
