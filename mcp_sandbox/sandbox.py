@@ -7,9 +7,11 @@ async with Sandbox(backend="pyodide") as sandbox:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from mcp_sandbox.bridge.local import LocalTools
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.server import SESSION_ID_PATTERN, App
 from mcp_sandbox.settings import BackendName, Settings
@@ -23,14 +25,23 @@ class Sandbox:
     """
 
     def __init__(
-        self, backend: BackendName | None = None, *, settings: Settings | None = None, **options: Any
+        self,
+        backend: BackendName | None = None,
+        *,
+        settings: Settings | None = None,
+        tools: Mapping[str, Callable[..., Any]] | None = None,
+        **options: Any,
     ) -> None:
+        """`tools` maps names to host callables (sync or async) that code calls as
+        `tools.local.<name>(**arguments)`, with JSON data in and out, under the bridge's per-call
+        timeout and call limit; a callable that raises gives the code a ToolError."""
         if backend is not None:
             options["backend"] = backend
         if settings is not None:
             self.settings = settings.model_copy(update=options) if options else settings
         else:
             self.settings = Settings(**options)
+        self._tools = tools
         self._app: App | None = None
 
     @property
@@ -39,7 +50,7 @@ class Sandbox:
         return self._started().backend.name
 
     async def __aenter__(self) -> Sandbox:
-        app = App(self.settings)
+        app = App(self.settings, self._tools)
         await app.__aenter__()
         self._app = app
         return self
@@ -64,6 +75,14 @@ class Sandbox:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         return await self._started().execute(code, timeout=timeout, session_id=session_id)
+
+    def set_tools(self, tools: Mapping[str, Callable[..., Any]]) -> None:
+        """Replace the local tools (the Sandbox must have been made with `tools=`, even `{}`);
+        every session sees the new set from its next run. Call it from the Sandbox's event loop."""
+        bridge = self._started().bridge
+        if bridge is None or bridge.local is None:
+            raise RuntimeError("make the Sandbox with tools=... (even {}) to use local tools")
+        bridge.set_local_tools(LocalTools(tools, self.settings.bridge_call_timeout))
 
     async def reset(self, session_id: str) -> bool:
         """Drop a session and stop its sandbox; False when there was none."""

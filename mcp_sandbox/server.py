@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -27,7 +28,8 @@ from mcp_sandbox.audit import ExecutionRecord
 from mcp_sandbox.backends.base import Backend
 from mcp_sandbox.backends.choice import prepare_backend
 from mcp_sandbox.backends.policy import policy_violation
-from mcp_sandbox.bridge.config import load_bridge_config
+from mcp_sandbox.bridge.config import BridgeConfig, load_bridge_config
+from mcp_sandbox.bridge.local import LocalTools
 from mcp_sandbox.bridge.upstreams import ToolBridge
 from mcp_sandbox.pool import PoolUnavailable, WarmPool
 from mcp_sandbox.result import ExecutionResult
@@ -55,8 +57,11 @@ class App:
     (the SDK starts its lifespan per connection) and so the Python API can use it without MCP.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tools: Mapping[str, Callable[..., Any]] | None = None) -> None:
+        """`tools`: host callables code may call as `tools.local.<name>(...)` (the Python API).
+        Raises ValueError for a tool name that is not a Python identifier."""
         self.settings = settings
+        self._local = LocalTools(tools, settings.bridge_call_timeout) if tools is not None else None
         self._stack = AsyncExitStack()
         self._backend: Backend | None = None
         self._pool: WarmPool | None = None
@@ -78,9 +83,11 @@ class App:
         task_group = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._stop, task_group)
         try:
-            if self.settings.bridge_config is not None:
-                config = load_bridge_config(self.settings.bridge_config)
-                self.bridge = ToolBridge(config, self.settings.bridge_call_timeout)
+            if self.settings.bridge_config is not None or self._local is not None:
+                config = BridgeConfig()
+                if self.settings.bridge_config is not None:
+                    config = load_bridge_config(self.settings.bridge_config)
+                self.bridge = ToolBridge(config, self.settings.bridge_call_timeout, self._local)
                 await self.bridge.start(task_group, wait=BRIDGE_STARTUP_WAIT)
             self._backend = await prepare_backend(self.settings, task_group)
         except BaseException:

@@ -52,7 +52,7 @@ class ToolCalls:
                 logger.debug("could not deliver tool reply %d: %s", call, error)
 
     async def _reply(self, server: str, tool: str, arguments: str, over_limit: bool) -> str:
-        if self._bridge is None or not self._bridge.connections:
+        if self._bridge is None or not self._bridge.has_tools:
             return reply_error("no upstream MCP servers are configured (MCP_SANDBOX_BRIDGE_CONFIG)")
         if over_limit:
             return reply_error(

@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 _NOT_IDENTIFIER = re.compile(r"\W", re.ASCII)
+#: Where local tools (host callables) live in the guest: `tools.local`. When a bridge has local
+#: tools, an upstream server of that name is named `local_2`.
+LOCAL_SERVER = "local"
 
 #: JSON Schema types and the Python annotation a signature shows for them.
 JSON_TYPES = {
@@ -65,6 +68,8 @@ class ToolSpec:
     description: str = ""
     #: The output schema is only {"result": ...}: how Python MCP servers wrap a non-object return.
     unwrap_result: bool = False
+    #: A host Python callable (bridge/local.py) rather than an upstream MCP tool.
+    local: bool = False
     doc: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
@@ -86,12 +91,20 @@ class ToolSpec:
                 note = p.description.strip().replace("\n", " ")
                 optional = "" if p.required else ", optional"
                 lines.append(f"    {p.py} ({p.annotation}{optional}): {note}".rstrip(": ").rstrip())
+        twin = f"Async twin: await tools.{self.server_py}.{self.name_py}_async(...)."
+        if self.local:
+            lines += [
+                "",
+                "Runs on the host. Returns its value as plain Python data; raises ToolError with the "
+                "host's message when it fails.",
+                twin,
+            ]
+            return "\n".join(lines)
         lines += [
             "",
             "Returns the tool's structured content as plain Python data (dict or list), or its text "
             "when it has none. Raises ToolError with the upstream's message when the tool fails.",
-            f"Upstream: server {self.server!r}, tool {self.name!r}. "
-            f"Async twin: await tools.{self.server_py}.{self.name_py}_async(...).",
+            f"Upstream: server {self.server!r}, tool {self.name!r}. {twin}",
         ]
         return "\n".join(lines)
 

@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -23,8 +23,11 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent
 
-from mcp_sandbox.bridge.catalog import ToolSpec, python_name, search, tool_spec
+from mcp_sandbox.bridge.catalog import LOCAL_SERVER, ToolSpec, python_name, search, tool_spec
 from mcp_sandbox.bridge.config import BridgeConfig, StdioUpstream, Upstream
+
+if TYPE_CHECKING:  # local.py imports this module's reply helpers
+    from mcp_sandbox.bridge.local import LocalTools
 
 logger = logging.getLogger(__name__)
 
@@ -155,9 +158,14 @@ def _tool_value(result: CallToolResult, spec: ToolSpec) -> Any:
 class ToolBridge:
     """Every configured upstream, the catalog of their tools, and calls to them."""
 
-    def __init__(self, config: BridgeConfig, call_timeout: float) -> None:
+    def __init__(self, config: BridgeConfig, call_timeout: float, local: LocalTools | None = None) -> None:
+        """`local` (host callables, see bridge/local.py), even empty, reserves `tools.local` for
+        them, so they can be replaced later with `set_local_tools`."""
         self.call_timeout = call_timeout
         taken: set[str] = {"ToolError"}
+        if local is not None:
+            taken.add(LOCAL_SERVER)
+        self.local = local
         self.connections = {
             (
                 conn := UpstreamConnection(name, python_name(name, taken), upstream, self._changed)
@@ -168,15 +176,31 @@ class ToolBridge:
         self.version = 0
         self.manifest_json = "[]"
         self._specs: dict[tuple[str, str], ToolSpec] = {}
+        if self.local is not None:
+            self._changed()
 
     @property
     def specs(self) -> list[ToolSpec]:
         return list(self._specs.values())
 
+    @property
+    def has_tools(self) -> bool:
+        """Whether anything can be called: a configured upstream, or local tools."""
+        return bool(self.connections) or self.local is not None
+
+    def set_local_tools(self, local: LocalTools) -> None:
+        """Replace the local tools; each sandbox's `tools.local` follows at its next run."""
+        if self.local is None:
+            raise RuntimeError(
+                "this bridge was made without local tools, so `tools.local` may name an upstream"
+            )
+        self.local = local
+        self._changed()
+
     def _changed(self) -> None:
-        self._specs = {
-            (spec.server_py, spec.name_py): spec for conn in self.connections.values() for spec in conn.specs
-        }
+        upstream = [spec for conn in self.connections.values() for spec in conn.specs]
+        local = self.local.specs if self.local is not None else []
+        self._specs = {(spec.server_py, spec.name_py): spec for spec in [*upstream, *local]}
         self.manifest_json = json.dumps([spec.manifest() for spec in self._specs.values()])
         self.version += 1
 
@@ -196,7 +220,11 @@ class ToolBridge:
         )
 
     async def call(self, server_py: str, tool_py: str, arguments: Any) -> str:
-        """Call one upstream tool; the reply as JSON text. Never raises except on cancellation."""
+        """Call one tool; the reply as JSON text. Never raises except on cancellation."""
+        if self.local is not None and server_py == LOCAL_SERVER:
+            if not isinstance(arguments, dict):
+                return reply_error("arguments must be a JSON object")
+            return await self.local.call(tool_py, arguments)
         spec = self._specs.get((server_py, tool_py))
         conn = self.connections.get(server_py)
         if conn is None or spec is None:
