@@ -1,9 +1,12 @@
-"""The built wheel carries the Deno runner, and the installed package finds it there."""
+"""The built wheel carries the Deno runner, and, installed in a new environment, runs code on pyodide."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -31,14 +34,76 @@ def test_wheel_contains_the_runner(wheel: Path) -> None:
     assert "mcp_sandbox/backends/guest_runtime.py" in names
 
 
-def test_installed_package_finds_its_own_runner(wheel: Path, tmp_path: Path) -> None:
-    zipfile.ZipFile(wheel).extractall(tmp_path)
-    found = subprocess.run(
-        [sys.executable, "-c", "from mcp_sandbox.backends.pyodide import runner_dir; print(runner_dir())"],
+@pytest.fixture(scope="module")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new virtual environment in which the wheel, and nothing from the checkout, is mcp_sandbox.
+
+    Installing its dependencies from PyPI (numpy, pandas, the 40 MB Deno binary) would take
+    minutes, so they come from this test's own environment instead: a .pth file appends its
+    site-packages *after* the new environment's own, so the wheel's mcp_sandbox is found first;
+    a .pth line only adds a folder, so the editable install's own .pth there (which would put
+    the checkout on sys.path) is not run. The `deno` package's binary is linked into the new
+    bin/, where installing the `deno` wheel would put it and where its finder looks.
+    """
+    venv = tmp_path_factory.mktemp("fresh") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)]
+    subprocess.run(install, check=True, timeout=120)
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    dependencies = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+    (Path(site) / "zz_dependencies.pth").write_text("\n".join(dependencies) + "\n", encoding="utf-8")
+    (venv / "bin" / "deno").symlink_to(Path(sysconfig.get_path("scripts")) / "deno")
+    return venv
+
+
+def outside_the_checkout() -> dict[str, str]:
+    """This environment without anything that could point Python at the checkout or the dev venv."""
+    dropped = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if name not in dropped and not name.startswith("MCP_SANDBOX_")
+    }
+
+
+def test_the_wheel_provides_mcp_sandbox_and_its_runner(venv: Path, tmp_path: Path) -> None:
+    where = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import json, mcp_sandbox; from mcp_sandbox.backends.pyodide import runner_dir; "
+            "print(json.dumps([mcp_sandbox.__file__, str(runner_dir())]))",
+        ],
         cwd=tmp_path,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        env=outside_the_checkout(),
         capture_output=True,
         text=True,
         check=True,
     )
-    assert Path(found.stdout.strip()) == tmp_path / "mcp_sandbox" / "deno"
+    package, runner = map(Path, json.loads(where.stdout))
+    assert package.is_relative_to(venv) and runner.is_relative_to(venv), (package, runner)
+    assert runner == package.parent / "deno"
+
+
+def test_the_installed_command_runs_code_on_pyodide(venv: Path, tmp_path: Path) -> None:
+    # The worker's own URL says which runner files Deno loaded.
+    code = "import js, sys\nprint(js.location.href)\nsys.platform, sum(range(10))\n"
+    done = subprocess.run(
+        [str(venv / "bin" / "mcp-sandbox"), "run", "-"],
+        input=code,
+        cwd=tmp_path,
+        env={**outside_the_checkout(), "MCP_SANDBOX_BACKEND": "pyodide"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    worker_url, value = done.stdout.splitlines()
+    assert worker_url.startswith(f"file://{venv}/") and worker_url.endswith("/mcp_sandbox/deno/worker.ts")
+    assert value == "('emscripten', 45)"
