@@ -1,0 +1,298 @@
+"""DSPy on mcp-sandbox: the real SandboxInterpreter on the real backends, and real DSPy modules
+(ProgramOfThought, RLM) driven by DSPy's own DummyLM, offline."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dspy
+import pytest
+from dspy.utils import DummyLM
+
+from mcp_sandbox.integrations.dspy import (
+    CodeExecutionError,
+    CodeInterpreterError,
+    FinalOutput,
+    SandboxInterpreter,
+)
+
+BACKENDS = ["pyodide", "subprocess"]
+
+
+def children() -> set[int]:
+    """Live child processes of this test process (from /proc), zombies left out."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def wait_until_gone(pids: set[int], limit: float = 10) -> set[int]:
+    deadline = time.monotonic() + limit
+    while (left := pids & children()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def interpreter(backend: str) -> Iterator[SandboxInterpreter]:
+    with SandboxInterpreter(backend=backend, timeout=20, interrupt_grace=1) as started:
+        yield started
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # ProgramOfThought is deprecated in DSPy 3.4
+def test_program_of_thought_runs_its_code_in_the_sandbox(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The class itself is the factory, as in dspy.configure(interpreter_factory=SandboxInterpreter);
+    # the backend comes from the environment like any mcp-sandbox setting.
+    monkeypatch.setenv("MCP_SANDBOX_BACKEND", backend)
+    code = (
+        "```python\nimport math, os, sys\n"
+        "SUBMIT({'answer': math.factorial(10), 'where': f'{sys.platform}:{os.getpid()}'})\n```"
+    )
+    # The LM never states 3628800: it answers so only when the code's output holds it.
+    lm = DummyLM(
+        {
+            '"answer": 3628800': {"reasoning": "the program computed it", "answer": "3628800"},
+            "What is 10 factorial?": {"reasoning": "compute it", "generated_code": code},
+        }
+    )
+    before = children()
+    with dspy.context(lm=lm, interpreter_factory=SandboxInterpreter):
+        prediction = dspy.ProgramOfThought("question -> answer")(question="What is 10 factorial?")
+    assert prediction.answer == "3628800"
+    final_prompt = lm.history[-1]["messages"][-1]["content"]
+    where = json.loads(final_prompt.split("[[ ## code_output ## ]]")[1].split("\n\n")[0].strip())
+    platform, pid = where["output"]["where"].split(":")
+    if backend == "pyodide":
+        assert platform == "emscripten"
+    else:
+        assert int(pid) != os.getpid()
+    # ProgramOfThought shut its interpreter down: no sandbox process is left.
+    assert wait_until_gone(children() - before) == set()
+
+
+def test_rlm_uses_tools_variables_and_typed_submit(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCP_SANDBOX_BACKEND", backend)
+    looked_up: list[str] = []
+
+    def lookup(key: str) -> str:
+        """Look a key up on the host."""
+        looked_up.append(key)
+        return {"x": "forty-two"}[key]
+
+    lm = DummyLM(
+        [
+            {"reasoning": "look", "code": "```python\nv = lookup(key='x')\nprint(len(context), v)\n```"},
+            {"reasoning": "done", "code": "```python\nSUBMIT(answer=v.upper() + str(len(context)))\n```"},
+        ]
+    )
+    with dspy.context(lm=lm, interpreter_factory=SandboxInterpreter):
+        result = dspy.RLM("context -> answer", tools=[lookup], max_iters=4)(context="abcdefg")
+    assert result.answer == "FORTY-TWO7"
+    assert looked_up == ["x"]
+    assert result.trajectory[0]["output"] == "7 forty-two\n"
+
+
+def test_state_persists_and_output_is_repl_like(interpreter: SandboxInterpreter) -> None:
+    assert interpreter.execute("x = 41\nprint('set')") == "set\n"
+    assert interpreter.execute("x + 1") == "42\n"
+    assert interpreter.execute("print('a')\nx") == "a\n41\n"
+    assert interpreter.execute("y = 1") is None
+
+
+def test_variables_cross_as_data_never_as_code(interpreter: SandboxInterpreter) -> None:
+    hostile = '\'); import os; os._exit(1) #"""\n{x}'
+    values = {
+        "text": hostile,
+        "table": {"a": [1, 2.5, None, True], "nested": {"k": "v"}},
+        "empty": None,
+        "count": 3,
+    }
+    returned = interpreter.execute("SUBMIT([text, table, empty, count])", variables=values)
+    assert returned == FinalOutput({"output": [hostile, values["table"], None, 3]})
+    # Injected names are ordinary globals afterwards, and a second injection replaces them.
+    assert interpreter.execute("count * 2", variables={"count": 5}) == "10\n"
+    assert interpreter.execute("text == t", variables={"t": hostile}) == "True\n"
+
+
+def test_bad_variables_are_refused_before_running(interpreter: SandboxInterpreter) -> None:
+    with pytest.raises(CodeInterpreterError, match="cannot cross into the sandbox"):
+        interpreter.execute("1", variables={"thing": object()})
+    for name in ["1x", "class", "SUBMIT", "tools"]:
+        with pytest.raises(CodeInterpreterError, match=re.escape(repr(name))):
+            interpreter.execute("1", variables={name: 1})
+    assert interpreter.execute("'still fine'") == "'still fine'\n"
+
+
+def test_submit_returns_final_output_and_stops_the_program(interpreter: SandboxInterpreter) -> None:
+    assert interpreter.execute("SUBMIT({'answer': 6 * 7})\nafter = True") == FinalOutput(
+        {"output": {"answer": 42}}
+    )
+    with pytest.raises(CodeExecutionError, match="NameError"):
+        interpreter.execute("after")
+    # RLM's typed form: the output fields become SUBMIT's parameters.
+    interpreter.output_fields = [{"name": "answer", "type": "int"}, {"name": "why"}]
+    assert interpreter.execute("SUBMIT(7, why='because')") == FinalOutput({"answer": 7, "why": "because"})
+    with pytest.raises(CodeExecutionError, match="missing 1 required positional argument: 'why'"):
+        interpreter.execute("SUBMIT(7)")
+
+
+def test_tools_reach_host_callables(backend: str) -> None:
+    calls: list[dict[str, Any]] = []
+    host_thread = threading.get_ident()
+
+    def search(query: str, limit: int = 2) -> list[str]:
+        """Search the host's index."""
+        calls.append({"query": query, "limit": limit})
+        return [f"{query}-{i}" for i in range(limit)]
+
+    async def weather(city: str) -> dict[str, Any]:
+        return {"city": city, "celsius": 21.5}
+
+    def settings_seen() -> bool:
+        # A tool runs in the caller's context, so dspy.context(...) holds in it, as in DSPy's interpreter.
+        return bool(dspy.settings.get("sandbox_marker") == "seen") and threading.get_ident() != host_thread
+
+    tools = {"search": search, "weather": weather, "settings_seen": settings_seen}
+    with SandboxInterpreter(tools=tools, backend=backend) as interpreter:
+        out = interpreter.execute("found = search(query='abc')\nprint(len(found), found[-1])")
+        assert out == "2 abc-1\n"
+        assert calls == [{"query": "abc", "limit": 2}]  # the default applied on the host
+        assert interpreter.execute("weather(city='Oslo')['celsius'] * 2") == "43.0\n"
+        with dspy.context(sandbox_marker="seen"):
+            assert interpreter.execute("settings_seen()") == "True\n"
+        # Tools added later (as RLM does) reach the session at the next execute.
+        interpreter.tools["shout"] = lambda text: text.upper()
+        assert interpreter.execute("shout(text='hey')") == "'HEY'\n"
+        del interpreter.tools["shout"]
+        with pytest.raises(CodeExecutionError, match="NameError"):
+            interpreter.execute("shout")
+
+
+def test_a_failing_tool_raises_tool_error_in_the_code(backend: str) -> None:
+    def fragile(n: int) -> int:
+        raise ValueError(f"cannot take {n}")
+
+    with SandboxInterpreter(tools={"fragile": fragile}, backend=backend) as interpreter:
+        caught = "try:\n    fragile(n=3)\nexcept ToolError as error:\n    print('caught:', error)"
+        assert interpreter.execute(caught) == "caught: ValueError: cannot take 3\n"
+        with pytest.raises(CodeExecutionError, match="ValueError: cannot take 4"):
+            interpreter.execute("fragile(n=4)")
+
+
+def test_a_tool_cannot_reenter_its_interpreter(backend: str) -> None:
+    interpreter = SandboxInterpreter(backend=backend)
+    interpreter.tools["again"] = lambda: interpreter.execute("1")
+    with interpreter, pytest.raises(CodeExecutionError, match="cannot call execute"):
+        interpreter.execute("again()")
+
+
+def test_errors_in_the_code(interpreter: SandboxInterpreter) -> None:
+    interpreter.execute("kept = 'yes'")
+    with pytest.raises(CodeExecutionError) as failed:
+        interpreter.execute("def f():\n    return 1 / 0\nf()")
+    assert "ZeroDivisionError: division by zero" in str(failed.value)
+    assert "return 1 / 0" in str(failed.value)  # the traceback quotes the program's own line
+    with pytest.raises(SyntaxError, match="Invalid Python syntax"):
+        interpreter.execute("def broken(:\n    pass")
+    with pytest.raises(SyntaxError):
+        interpreter.execute("if True:\nprint('not indented')")
+    assert interpreter.execute("kept") == "'yes'\n"  # errors in the code leave the session healthy
+
+
+def test_a_timeout_is_an_error_and_the_session_survives(backend: str) -> None:
+    with SandboxInterpreter(backend=backend, timeout=1, interrupt_grace=1) as interpreter:
+        interpreter.execute("kept = 7")
+        started = time.monotonic()
+        with pytest.raises(CodeExecutionError, match="Timeout: Execution timed out after 1 s"):
+            interpreter.execute("while True: pass")
+        assert time.monotonic() - started < 10
+        assert interpreter.execute("kept") == "7\n"
+
+
+def test_shutdown_is_idempotent_and_leaves_no_process(backend: str) -> None:
+    before = children()
+    interpreter = SandboxInterpreter(backend=backend)
+    interpreter.start()
+    interpreter.start()  # idempotent
+    assert interpreter.backend == backend
+    started = children() - before
+    assert started, "the sandbox runs in a child process"
+    assert interpreter.execute("1 + 1") == "2\n"
+    interpreter.shutdown()
+    interpreter.shutdown()
+    assert wait_until_gone(started) == set()
+    with pytest.raises(CodeInterpreterError, match="has ended"):
+        interpreter.execute("1")
+    with pytest.raises(CodeInterpreterError, match="has ended"):
+        interpreter.start()
+
+
+def test_a_forgotten_interpreter_is_closed_when_collected() -> None:
+    before = children()
+    interpreter = SandboxInterpreter(backend="subprocess")
+    interpreter.start()
+    started = children() - before
+    assert started
+    del interpreter
+    gc.collect()
+    assert wait_until_gone(started) == set()
+
+
+def test_a_dead_sandbox_is_a_terminal_interpreter_error() -> None:
+    before = children()
+    with SandboxInterpreter(backend="subprocess") as interpreter:
+        interpreter.execute("state = 1")
+        with pytest.raises(CodeInterpreterError, match="sandbox was lost"):
+            interpreter.execute("import os; os._exit(1)")
+        # The state is gone, so the interpreter does not quietly start a fresh session.
+        with pytest.raises(CodeInterpreterError, match="has ended"):
+            interpreter.execute("state")
+    assert wait_until_gone(children() - before) == set()
+
+
+def test_interpreters_from_many_threads() -> None:
+    results: dict[int, Any] = {}
+    shared = SandboxInterpreter(backend="subprocess")
+    shared.execute("total = 0")
+
+    def work(n: int) -> None:
+        # Its own interpreter (DSPy may call the factory concurrently) and a shared one.
+        with SandboxInterpreter(backend="subprocess") as own:
+            results[n] = own.execute("SUBMIT(n * n)", variables={"n": n})
+        for _ in range(10):
+            shared.execute("total += 1")
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    try:
+        assert results == {n: FinalOutput({"output": n * n}) for n in range(4)}
+        assert shared.execute("total") == "40\n"
+    finally:
+        shared.shutdown()
