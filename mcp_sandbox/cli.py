@@ -171,7 +171,8 @@ async def showing_progress(label: str) -> AsyncIterator[None]:
         finally:
             group.cancel_scope.cancel()
             if terminal:
-                print(file=sys.stderr)
+                # Blank the spinner's line, so what follows (done, or the error) replaces it.
+                print(f"\r{' ' * (len(label) + 12)}\r", end="", file=sys.stderr, flush=True)
     print(f"{label}: done in {time.monotonic() - started:.1f} s", file=sys.stderr)
 
 

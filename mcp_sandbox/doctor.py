@@ -289,7 +289,7 @@ def check_packages_folder(settings: Settings) -> Check:
     if not os.access(folder, os.R_OK | os.X_OK):
         return Check("packages folder", "failed", f"{folder} is not readable", f"chmod u+rx {folder}")
     files = [path for path in folder.iterdir() if path.suffix in (".whl", ".zip", ".tar")]
-    return Check("packages folder", "ok", f"{folder}: {len(files)} package files")
+    return Check("packages folder", "ok", f"{folder}: {len(files)} package file{'s' * (len(files) != 1)}")
 
 
 async def run_checks(settings: Settings) -> AsyncGenerator[Check, None]:
@@ -321,7 +321,10 @@ async def run_checks(settings: Settings) -> AsyncGenerator[Check, None]:
                 "bridge config", "failed", str(error), "correct the file, or unset MCP_SANDBOX_BRIDGE_CONFIG"
             )
         else:
-            yield Check("bridge config", "ok", f"{settings.bridge_config}: {len(config.servers)} upstreams")
+            count = len(config.servers)
+            yield Check(
+                "bridge config", "ok", f"{settings.bridge_config}: {count} upstream{'s' * (count != 1)}"
+            )
             for name, upstream in config.servers.items():
                 yield await check_upstream(name, upstream)
     yield check_packages_folder(settings)

@@ -120,7 +120,7 @@ def warm_packages(lock_file: Path, names: list[str], folder: Path, index_url: st
     """Fetch `names` and their dependencies into `folder`; the packages fetched."""
     lock = json.loads(lock_file.read_text(encoding="utf-8"))
     wanted = resolve(lock, names)
-    print(f"  {len(wanted)} package files: {', '.join(package.name for package in wanted)}", file=sys.stderr)
+    print(f"  with their dependencies: {', '.join(package.name for package in wanted)}", file=sys.stderr)
     fetched = []
     for number, package in enumerate(wanted, 1):
         if download(package, folder, index_url, progress_bar):
