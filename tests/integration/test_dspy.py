@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -92,6 +93,21 @@ def test_program_of_thought_runs_its_code_in_the_sandbox(
         assert int(pid) != os.getpid()
     # ProgramOfThought shut its interpreter down: no sandbox process is left.
     assert wait_until_gone(children() - before) == set()
+
+
+def factorial(n: int) -> int:
+    return 1 if n <= 1 else n * factorial(n - 1)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # CodeAct is deprecated in DSPy 3.4
+def test_code_act_defines_its_tools_in_the_sandbox(backend: str) -> None:
+    code = "```python\nimport sys\nprint(factorial(12), sys.platform)\n```"
+    lm = DummyLM([{"generated_code": code, "finished": True}, {"reasoning": "r", "factorial": "479001600"}])
+    factory = functools.partial(SandboxInterpreter, backend=backend)
+    with dspy.context(lm=lm, interpreter_factory=factory):
+        result = dspy.CodeAct("n -> factorial", tools=[factorial])(n=12)
+    platform = "emscripten" if backend == "pyodide" else "linux"
+    assert result.trajectory["code_output_0"] == json.dumps(f"479001600 {platform}\n")
 
 
 def test_rlm_uses_tools_variables_and_typed_submit(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
