@@ -19,6 +19,7 @@ type HostMessage =
   | InitMessage
   | { type: "run"; id: number; code: string; max_output_chars: number; tools?: string }
   | { type: "interrupt"; id: number }
+  | { type: "warm_up"; rounds: number }
   | { type: "tool_result"; call: number; reply: string };
 
 // `id` is set only on the message that ends run `id` (its result, or a crash).
@@ -182,6 +183,9 @@ function handle(message: HostMessage): void {
     case "run":
       runningId = message.id;
       if (worker) sendData(worker, init?.data_dir);
+      worker?.postMessage(message);
+      break;
+    case "warm_up":
       worker?.postMessage(message);
       break;
     case "interrupt":

@@ -105,6 +105,8 @@ class SessionPool:
                 if result.session_lost:
                     await session.executor.close()
                     session.executor = None
+                else:
+                    await session.executor.warm_up()
                 return result.model_copy(update={"session_id": session_id})
             finally:
                 session.last_used = time.monotonic()

@@ -62,6 +62,13 @@ class Settings(BaseSettings):
         pattern=r"^[A-Za-z0-9.\-:\[\]]+(,[A-Za-z0-9.\-:\[\]]+)*$",
         description="pyodide: hosts (host or host:port, comma-separated) code may reach; unset: none.",
     )
+    pyodide_warm_up_rounds: int = Field(
+        200,
+        ge=0,
+        le=10_000,
+        description="pyodide: after a session's first call, its sandbox uses idle time to run a sample "
+        "program this many times so V8 compiles Pyodide's hot code (0: off).",
+    )
     cpu_seconds: int = Field(900, ge=1, description="subprocess: CPU seconds a worker may use in its life.")
     max_open_files: int = Field(256, ge=16, description="subprocess: open files per worker.")
     max_file_mb: int = Field(64, ge=1, description="subprocess: largest file a worker may write.")

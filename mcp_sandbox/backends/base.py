@@ -102,6 +102,10 @@ class Executor(ABC):
     async def close(self) -> None:
         """Stop the sandbox and free everything it holds. Safe to call twice."""
 
+    async def warm_up(self) -> None:  # noqa: B027 - optional: only a JIT-compiled runtime needs it
+        """Use idle time to make the next calls faster; returns at once. Called for sandboxes
+        that serve a session, which will run more programs."""
+
     async def run(
         self,
         code: str,

@@ -26,7 +26,7 @@ from json import dumps, loads
 from time import monotonic
 from traceback import StackSummary, TracebackException, format_exception_only
 from types import CodeType, TracebackType
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 CELL_PREFIX = "<cell-"
 #: Files written here (relative to the working directory) come back with the result.
@@ -305,6 +305,10 @@ def build_tools(manifest: list[dict[str, Any]], transport: ToolTransport | None)
 class Session:
     """The interpreter state of one sandbox session: its globals and its cell counter."""
 
+    #: output/ belongs to this session alone (a sandbox process), so the scan after one run
+    #: serves as the scan before the next; False where sessions share a working directory.
+    private_output: ClassVar[bool] = True
+
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self.namespace["tools"] = Tools({})
@@ -314,6 +318,8 @@ class Session:
         self.inline_files = False
         #: Where the latest line of output goes while a program runs (the runner's transport).
         self.report_line: Callable[[str], None] | None = None
+        #: output/ as the last run left it; valid only where nothing else writes there between runs.
+        self._output_after: dict[str, tuple[int, int]] | None = None
 
     def install_tools(self, manifest_json: str, transport: ToolTransport | None) -> None:
         """Give the session's `tools` the upstream tools listed in ``manifest_json``."""
@@ -329,7 +335,8 @@ class Session:
         """
         if output is None:
             return self._run(code, max_output_chars)
-        before = _scan_output()
+        reuse = self.private_output and self._output_after is not None
+        before = self._output_after if reuse and self._output_after is not None else _scan_output()
         outcome = self._run(code, max_output_chars)
         if isinstance(outcome, dict):
             return self._with_artifacts(outcome, before, output)
@@ -346,7 +353,8 @@ class Session:
         budget = output["max_bytes"]
         notes: list[str] = []
         figures, budget = _collect_figures(output["max_figures"], budget, notes)
-        files = _collect_files(before, output["max_files"], budget, self.inline_files, notes)
+        self._output_after = after = _scan_output()
+        files = _collect_files(before, after, output["max_files"], budget, self.inline_files, notes)
         outcome.update(figures=figures, files=files, notes=notes)
         return outcome
 
@@ -438,10 +446,14 @@ def _collect_figures(limit: int, budget: int, notes: list[str]) -> tuple[list[st
 
 
 def _collect_files(
-    before: dict[str, tuple[int, int]], limit: int, budget: int, inline: bool, notes: list[str]
+    before: dict[str, tuple[int, int]],
+    after: dict[str, tuple[int, int]],
+    limit: int,
+    budget: int,
+    inline: bool,
+    notes: list[str],
 ) -> list[dict[str, Any]]:
     """The files in output/ that this run created or changed, within the count and byte caps."""
-    after = _scan_output()
     changed = sorted(path for path, signature in after.items() if before.get(path) != signature)
     files: list[dict[str, Any]] = []
     for path in changed[:limit]:
@@ -576,6 +588,31 @@ def run_program_json(
     if isinstance(outcome, dict):
         return dumps(outcome)
     return _dump_when_done(outcome)
+
+
+#: A small program touching what most programs use: the compiler, calls, comprehensions,
+#: strings, dicts, printing, repr and JSON (the runtime's own reporting).
+WARM_UP_PROGRAM = """
+def fib(n):
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+rows = [{"n": i, "name": f"item {i}", "square": i * i} for i in range(40)]
+total = sum(row["square"] for row in rows if row["n"] % 3)
+print(total, fib(9), ",".join(str(row) for row in rows[:3]))
+{key: value for key, value in sorted(rows[7].items())}
+"""
+#: Cells numbered from here on are the warm-up's, never a user's (tracebacks quote cells).
+WARM_UP_FIRST_CELL = 1_000_000_000
+
+
+def warm_up(rounds: int) -> None:
+    """Run WARM_UP_PROGRAM `rounds` times in a throwaway session, so a JIT (V8 compiling
+    Pyodide's WebAssembly) has compiled the hot paths before the user's next call."""
+    session = Session()
+    session.cells = WARM_UP_FIRST_CELL
+    for _ in range(rounds):
+        # No output limits: artifacts would close the user's matplotlib figures.
+        dumps(session.run(WARM_UP_PROGRAM, 1000))
+        linecache.cache.pop(f"{CELL_PREFIX}{session.cells}>", None)
 
 
 async def _dump_when_done(pending: Coroutine[Any, Any, dict[str, Any]]) -> str:

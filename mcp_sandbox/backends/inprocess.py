@@ -89,6 +89,9 @@ class ThreadSession(guest_runtime.Session):
     """A guest session whose output is captured per thread, since the server's other threads
     (and other sessions) share sys.stdout."""
 
+    # Every in-process session shares the server's working directory, so output/ is rescanned.
+    private_output = False
+
     @contextmanager
     def capturing(self, stdout: guest_runtime.CappedText, stderr: guest_runtime.CappedText) -> Iterator[None]:
         # Looked up on every run: a program may have replaced sys.stdout with its own object.

@@ -24,6 +24,10 @@ Host -> runner:
                                               first, sent only when the catalog changed.
     interrupt  {type, id}                     raise KeyboardInterrupt in run ``id`` if it is
                                               still running (ignored otherwise).
+    warm_up    {type, rounds}                 (Pyodide) spend idle time running a sample
+                                              program ``rounds`` times so V8 compiles the
+                                              interpreter's hot code; pauses whenever
+                                              another message is waiting.
     tool_result {type, call, reply}           the answer to ``tool_call`` number ``call``:
                                               reply is JSON text, {"ok": true, "value": ...}
                                               or {"ok": false, "error": "..."}.
@@ -77,13 +81,18 @@ class InterruptMessage(TypedDict):
     id: int
 
 
+class WarmUpMessage(TypedDict):
+    type: Literal["warm_up"]
+    rounds: int
+
+
 class ToolResultMessage(TypedDict):
     type: Literal["tool_result"]
     call: int
     reply: str
 
 
-HostMessage = InitMessage | RunMessage | InterruptMessage | ToolResultMessage
+HostMessage = InitMessage | RunMessage | InterruptMessage | WarmUpMessage | ToolResultMessage
 
 
 def encode(message: HostMessage) -> bytes:

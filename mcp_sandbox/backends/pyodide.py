@@ -8,6 +8,7 @@ virtual file system and environment are what sandboxed code sees.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -18,7 +19,7 @@ from typing import ClassVar
 import anyio
 import anyio.abc
 
-from mcp_sandbox.backends.base import Backend, Executor, SandboxStartError
+from mcp_sandbox.backends.base import Backend, Executor, SandboxDied, SandboxStartError
 from mcp_sandbox.backends.process import MB, ProcessExecutor, start_process_executor
 from mcp_sandbox.settings import Settings
 
@@ -185,6 +186,7 @@ class PyodideBackend(Backend):
         )
         settings = self._settings
         executor = PyodideExecutor(process, settings.max_output_chars, settings.output_limits().max_bytes)
+        executor.warm_up_rounds = settings.pyodide_warm_up_rounds
         assert self._pyodide_dir is not None
         executor.init_message["pyodide_dir"] = str(self._pyodide_dir)
         if settings.data_dir is not None:
@@ -213,3 +215,12 @@ class PyodideBackend(Backend):
 
 class PyodideExecutor(ProcessExecutor):
     backend: ClassVar[str] = "pyodide"
+    #: Rounds of the guest's warm-up program to run when idle (0: none); set by the backend.
+    warm_up_rounds = 0
+    _warm_up_sent = False
+
+    async def warm_up(self) -> None:
+        if self.warm_up_rounds > 0 and not self._warm_up_sent and self.alive:
+            self._warm_up_sent = True
+            with contextlib.suppress(SandboxDied):  # a dead sandbox is found out by its next call
+                await self._send({"type": "warm_up", "rounds": self.warm_up_rounds})

@@ -185,6 +185,21 @@ async def test_javascript_loop_is_killed_at_the_timeout(client: Client, backend:
     assert result["error_type"] == "Timeout" and result["session_lost"] is True
 
 
+async def test_idle_warm_up_leaves_the_session_as_it_was(client: Client, backend: str) -> None:
+    needs_pyodide(backend, "only Pyodide sandboxes warm up their JIT between calls")
+    first = await call(client, "x = 41\ndef broken():\n    return 1 / 0", session_id="warm")
+    assert first["success"] is True
+    # Calls that arrive while the warm-up runs are served, and see only the user's names.
+    during = await call(client, "x + 1, 'fib' in globals(), 'rows' in globals()", session_id="warm")
+    assert during["result"] == "(42, False, False)"
+    await anyio.sleep(3)
+    after = await call(client, "broken()", session_id="warm")
+    assert after["error_type"] == "ZeroDivisionError" and "return 1 / 0" in after["error"]
+    stopped = await call(client, "while True: pass", session_id="warm", timeout=1)
+    assert stopped["error_type"] == "Timeout" and stopped["session_lost"] is False
+    assert (await call(client, "x", session_id="warm"))["result"] == "41"
+
+
 async def test_a_million_characters_are_truncated_keeping_head_and_tail(client: Client) -> None:
     result = await call(client, "print('HEAD' + 'x' * 1_000_000 + 'TAIL')")
     assert result["success"] is True and result["truncated"] is True

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.backends.guest_runtime import CappedText, Session, cap_text, run_program_json
+from mcp_sandbox.backends.guest_runtime import CappedText, Session, cap_text, run_program_json, warm_up
 
 
 def run(code: str, session: Session | None = None, limit: int = 1000) -> dict[str, object]:
@@ -117,3 +119,33 @@ def test_patching_json_cannot_break_reporting() -> None:
 @pytest.mark.parametrize("code", ["raise KeyboardInterrupt", "raise BaseException('x')"])
 def test_base_exceptions_are_reported_not_raised(code: str) -> None:
     assert run(code)["success"] is False
+
+
+LIMITS = {"max_files": 10, "max_bytes": 1_000_000, "max_figures": 0}
+
+
+def test_output_files_are_reported_by_the_run_that_wrote_them(tmp_path: Path) -> None:
+    # A session reuses the scan after one run as the scan before the next: a file must still be
+    # reported exactly by the runs that create or change it.
+    session = Session()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        os.mkdir("output")
+        first = session.run("open('output/a.txt', 'w').write('one')", 1000, LIMITS)
+        second = session.run("1 + 1", 1000, LIMITS)
+        third = session.run("open('output/a.txt', 'w').write('three!')", 1000, LIMITS)
+    assert isinstance(first, dict) and isinstance(second, dict) and isinstance(third, dict)
+    assert [f["path"] for f in first["files"]] == ["a.txt"]
+    assert second["files"] == []
+    assert [(f["path"], f["size"]) for f in third["files"]] == [("a.txt", 6)]
+
+
+def test_warm_up_leaves_the_users_session_untouched() -> None:
+    session = Session()
+    run("x = 41\ndef broken():\n    return 1 / 0", session)
+    warm_up(5)
+    assert run("x + 1", session)["result"] == "42"
+    assert run("'fib' in globals() or 'rows' in globals()", session)["result"] == "False"
+    # Tracebacks still quote the user's own lines, not the warm-up program's.
+    error = run("broken()", session)["error"]
+    assert isinstance(error, str) and "return 1 / 0" in error
