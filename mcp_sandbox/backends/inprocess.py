@@ -129,18 +129,21 @@ class HostTransport:
         async def deliver(_call: int, reply: str) -> None:
             resolve(reply)
 
-        def begin() -> None:  # on the server's loop
+        # A coroutine, not a plain callback: anyio starts tasks only from inside a task.
+        async def begin() -> None:  # on the server's loop
             try:
                 self._executor.tool_calls.start(call, server, tool, arguments, deliver)
             except RuntimeError:  # the execution's task group has closed
                 resolve(reply_error("the execution ended before this tool call started"))
 
         loop = self._executor.host_loop
+        starting = begin()
         try:
             if loop is None:
                 raise RuntimeError("no execution is running")
-            loop.call_soon_threadsafe(begin)
+            asyncio.run_coroutine_threadsafe(starting, loop)
         except RuntimeError as error:
+            starting.close()
             resolve(reply_error(f"the tool call could not reach the server: {error}"))
 
     def progress(self, line: str) -> None:
