@@ -41,13 +41,15 @@ BIG_OUTPUT_CALLS = 50
 THROUGHPUT_SESSIONS = 8
 ALTERNATIVE_SAMPLES = {"fresh_pyodide_process": 3, "fresh_python_process": 10}
 WARMUP_CALLS = 5
+#: Calls 2 to 51 of a new session, timed back to back (no idle time for the JIT to warm up).
+FIRST_CALLS = 50
 # A pool of 2 refills in a few seconds on 2 cores; a start still running would steal CPU from
 # the calls being timed, so every timed phase begins after the pool has had time to settle.
 POOL_SETTLE_S = 8.0
 FRESH_SESSIONS, FRESH_SETTLE_S = 3, 6.0
 COLD_STARTS = 3
 # Upper bounds so a hung server or sandbox fails the run instead of stalling it.
-SERVER_PHASE_LIMIT_S = 120.0
+SERVER_PHASE_LIMIT_S = 180.0
 WARM_LOOP_LIMIT_S = 45.0
 COLD_PHASE_LIMIT_S = 90.0
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
@@ -81,8 +83,9 @@ def server_pid(marker: str) -> int | None:
     return None
 
 
-def sandbox_rss_mb(server: int) -> list[float]:
-    """Resident memory of each child process of the server (its sandboxes), in MB."""
+def sandbox_rss_mb(server: int, field: str = "VmRSS") -> list[float]:
+    """Memory of each child process of the server (its sandboxes), in MB: resident (VmRSS), or
+    proportional (Pss), which divides pages shared with other processes, such as the Deno binary's."""
     sizes = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -92,9 +95,10 @@ def sandbox_rss_mb(server: int) -> list[float]:
                 parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
             if parent != server:
                 continue
-            with open(f"/proc/{entry}/status") as status:
+            source = "status" if field == "VmRSS" else "smaps_rollup"
+            with open(f"/proc/{entry}/{source}") as status:
                 for line in status:
-                    if line.startswith("VmRSS:"):
+                    if line.startswith(f"{field}:"):
                         sizes.append(int(line.split()[1]) / 1024)
         except (OSError, ValueError, IndexError):
             continue
@@ -105,6 +109,8 @@ async def measure_throughput(client: Client, calls: int) -> float:
     """Trivial calls per second with THROUGHPUT_SESSIONS sessions calling at once."""
     for i in range(THROUGHPUT_SESSIONS):
         await call(client, f"tp-{i}")
+    # Steady state: the pool refills and the new sessions' sandboxes warm up first.
+    await anyio.sleep(POOL_SETTLE_S)
     per_session = max(calls // THROUGHPUT_SESSIONS, 10)
 
     async def session(i: int) -> None:
@@ -124,6 +130,9 @@ async def measure_server(backend: str, calls: int) -> dict[str, Any]:
     params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_sandbox"], env=env)
     with anyio.fail_after(SERVER_PHASE_LIMIT_S):
         async with Client(params) as client:
+            # A session's first calls, back to back, before its sandbox has had idle time to warm up.
+            first_calls = [(await call(client, "bench-first"))[0] for _ in range(1 + FIRST_CALLS)][1:]
+            await client.call_tool("reset_session", {"session_id": "bench-first"})
             for _ in range(WARMUP_CALLS):
                 await call(client, "bench")
             await anyio.sleep(POOL_SETTLE_S)
@@ -145,6 +154,7 @@ async def measure_server(backend: str, calls: int) -> dict[str, Any]:
 
             server = server_pid(marker)
             idle_rss = sandbox_rss_mb(server) if server is not None else []
+            idle_pss = sandbox_rss_mb(server, "Pss") if server is not None else []
 
             fresh: list[float] = []
             for i in range(FRESH_SESSIONS):
@@ -163,6 +173,8 @@ async def measure_server(backend: str, calls: int) -> dict[str, Any]:
         "big_output_p50_ms": statistics.median(big),
         "big_output_p99_ms": percentile(big, 99),
         "idle_sandbox_rss_mb": statistics.median(idle_rss) if idle_rss else None,
+        "idle_sandbox_pss_mb": statistics.median(idle_pss) if idle_pss else None,
+        "first_calls_p50_ms": statistics.median(first_calls),
         "throughput_calls_per_s": throughput,
         "server_duration_median_ms": statistics.median(server_ms),
         # duration_ms is whole (truncated) milliseconds, so the median alone hides the spread.
@@ -206,6 +218,7 @@ async def measure_executor(backend_name: str, calls: int) -> dict[str, Any]:
 ROWS: list[tuple[str, str, str]] = [
     ("warm call p50 (MCP stdio round trip)", "warm_p50_ms", "{:.2f} ms"),
     ("warm call p99", "warm_p99_ms", "{:.2f} ms"),
+    (f"a new session's calls 2-{FIRST_CALLS + 1}, back to back, p50", "first_calls_p50_ms", "{:.2f} ms"),
     ("1 MB-output call p50", "big_output_p50_ms", "{:.2f} ms"),
     ("1 MB-output call p99", "big_output_p99_ms", "{:.2f} ms"),
     ("warm Executor.run p50 (no MCP)", "executor_run_p50_ms", "{:.3f} ms"),
@@ -214,6 +227,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("bridged calls, one after another", "bridged_sequential_per_s", "{:,.0f}/s"),
     ("bridged calls, asyncio.gather", "bridged_parallel_per_s", "{:,.0f}/s"),
     ("idle sandbox resident memory (median)", "idle_sandbox_rss_mb", "{:.0f} MB"),
+    ("idle sandbox proportional memory (PSS)", "idle_sandbox_pss_mb", "{:.0f} MB"),
     ("cold start, spawn to ready (median of 3)", "cold_start_median_ms", "{:,.2f} ms"),
     ("ratio cold start / warm p50", "cold_over_warm_p50", "{:,.2f}x"),
     ("ratio warm p50 / pyodide warm p50", "warm_p50_vs_pyodide", "{:.2f}x"),

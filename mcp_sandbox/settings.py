@@ -63,7 +63,7 @@ class Settings(BaseSettings):
         description="pyodide: hosts (host or host:port, comma-separated) code may reach; unset: none.",
     )
     pyodide_warm_up_rounds: int = Field(
-        200,
+        100,
         ge=0,
         le=10_000,
         description="pyodide: after a session's first call, its sandbox uses idle time to run a sample "
