@@ -10,17 +10,12 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-from mcp import Client, StdioServerParameters
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from pydantic import ValidationError
 
 import mcp_sandbox
@@ -28,6 +23,7 @@ from mcp_sandbox.backends.base import SandboxStartError
 from mcp_sandbox.backends.pyodide import find_deno, pyodide_version
 from mcp_sandbox.backends.subprocess import UNSHARE_ARGS
 from mcp_sandbox.bridge.config import BridgeConfigError, StdioUpstream, Upstream, load_bridge_config
+from mcp_sandbox.bridge.upstreams import connect_upstream
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.settings import Settings
 
@@ -226,31 +222,13 @@ def check_user() -> Check:
     return Check("user", "ok", "not root")
 
 
-@asynccontextmanager
-async def _connect(upstream: Upstream) -> AsyncIterator[Client]:
-    # As the bridge connects: stdio child process, SSE for a URL ending in /sse, else streamable HTTP.
-    if isinstance(upstream, StdioUpstream):
-        params = StdioServerParameters(
-            command=upstream.command, args=upstream.args, env=upstream.env or None, cwd=upstream.cwd
-        )
-        async with Client(params) as client:
-            yield client
-    elif upstream.is_sse:
-        async with Client(sse_client(upstream.url, headers=upstream.headers or None)) as client:
-            yield client
-    else:
-        http = create_mcp_http_client(headers=upstream.headers or None)
-        async with http, Client(streamable_http_client(upstream.url, http_client=http)) as client:
-            yield client
-
-
 async def check_upstream(name: str, upstream: Upstream) -> Check:
     where = (
         " ".join([upstream.command, *upstream.args]) if isinstance(upstream, StdioUpstream) else upstream.url
     )
     try:
         with anyio.fail_after(UPSTREAM_TIMEOUT):
-            async with _connect(upstream) as client:
+            async with connect_upstream(upstream) as client:
                 count, cursor = 0, None
                 for _ in range(100):  # pages, bounded as the bridge bounds them
                     listing = await client.list_tools(cursor=cursor)

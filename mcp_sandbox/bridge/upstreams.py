@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -46,6 +46,25 @@ def reply_error(message: str) -> str:
     return json.dumps({"ok": False, "error": message}, ensure_ascii=False)
 
 
+@asynccontextmanager
+async def connect_upstream(config: Upstream) -> AsyncIterator[Client]:
+    """An MCP client for one configured upstream: a stdio child process for a command, SSE for a
+    URL ending in /sse, else streamable HTTP."""
+    if isinstance(config, StdioUpstream):
+        params = StdioServerParameters(
+            command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
+        )
+        async with Client(params) as client:
+            yield client
+    elif config.is_sse:
+        async with Client(sse_client(config.url, headers=config.headers or None)) as client:
+            yield client
+    else:
+        http = create_mcp_http_client(headers=config.headers or None)
+        async with http, Client(streamable_http_client(config.url, http_client=http)) as client:
+            yield client
+
+
 class UpstreamConnection:
     """One upstream server, kept connected by `maintain` and reconnected after it fails."""
 
@@ -60,22 +79,8 @@ class UpstreamConnection:
         self._connected = anyio.Event()
         self._broken = anyio.Event()
 
-    @asynccontextmanager
-    async def _open(self) -> AsyncIterator[Client]:
-        config = self.config
-        if isinstance(config, StdioUpstream):
-            params = StdioServerParameters(
-                command=config.command, args=config.args, env=config.env or None, cwd=config.cwd
-            )
-            async with Client(params) as client:
-                yield client
-        elif config.is_sse:
-            async with Client(sse_client(config.url, headers=config.headers or None)) as client:
-                yield client
-        else:
-            http = create_mcp_http_client(headers=config.headers or None)
-            async with http, Client(streamable_http_client(config.url, http_client=http)) as client:
-                yield client
+    def _open(self) -> AbstractAsyncContextManager[Client]:
+        return connect_upstream(self.config)
 
     async def _list_tools(self, client: Client) -> list[ToolSpec]:
         specs: list[ToolSpec] = []
