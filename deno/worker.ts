@@ -126,6 +126,7 @@ function applyData(files: { path: string; bytes: Uint8Array }[], removed: string
 // packages folder load from that folder on demand; the sandbox has no network to fetch them.
 let packagesDir: string | null = null;
 let findImports: PyCallable | null = null;
+let importedModules: { has(name: string): boolean } | null = null; // sys.modules
 const loadedWheels = new Set<string>();
 
 function normalize(name: string): string {
@@ -143,14 +144,17 @@ function wheelsInFolder(): Map<string, string> {
 }
 
 async function loadImports(code: string): Promise<string[]> {
-  if (packagesDir === null) return [];
+  // Only an import statement can need a package: most programs skip the parse altogether.
+  if (packagesDir === null || !code.includes("import")) return [];
   const problems: string[] = [];
   const quiet = { messageCallback: () => {}, errorCallback: (text: string) => problems.push(text) };
   try {
-    await pyodide.loadPackagesFromImports(code, quiet);
     const found = findImports!(code) as { toJs(): string[]; destroy(): void };
     const names = found.toJs();
     found.destroy();
+    // A module the session has imported already needs no package.
+    if (names.every((name) => importedModules!.has(name.split(".")[0]))) return [];
+    await pyodide.loadPackagesFromImports(code, quiet);
     const wanted = names.map((name) => normalize(name.split(".")[0])).filter((n) => !loadedWheels.has(n));
     if (wanted.length) {
       const wheels = wheelsInFolder();
@@ -190,6 +194,7 @@ async function init(
   if (packages) {
     packagesDir = packages;
     findImports = pyodide.pyimport("pyodide.code").find_imports;
+    importedModules = pyodide.pyimport("sys").modules;
   }
   pyodide.FS.mkdirTree(`${HOME}/output`);
   pyodide.FS.mkdirTree(GUEST_DATA);
@@ -248,6 +253,7 @@ async function run(message: RunMessage): Promise<void> {
 // Asked to, a sandbox spends its idle time between calls running a sample program, a few
 // rounds per task, and stops for as long as any message is waiting.
 const WARM_UP_ROUNDS_PER_TASK = 2;
+const WARM_UP_OUTPUT = { max_files: 0, max_bytes: 0, max_figures: 0 };
 let warmUpLeft = 0;
 let waiting = 0;
 
@@ -255,7 +261,7 @@ function warmUpStep(): void {
   if (warmUpLeft <= 0) return;
   if (waiting === 0) {
     try {
-      warmUp(WARM_UP_ROUNDS_PER_TASK);
+      warmUp(WARM_UP_ROUNDS_PER_TASK, WARM_UP_OUTPUT);
       warmUpLeft -= WARM_UP_ROUNDS_PER_TASK;
     } catch {
       warmUpLeft = 0; // a sandbox whose warm-up fails still serves calls, only slower

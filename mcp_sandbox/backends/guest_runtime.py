@@ -604,14 +604,18 @@ print(total, fib(9), ",".join(str(row) for row in rows[:3]))
 WARM_UP_FIRST_CELL = 1_000_000_000
 
 
-def warm_up(rounds: int) -> None:
+def warm_up(rounds: int, output: Any = None) -> None:
     """Run WARM_UP_PROGRAM `rounds` times in a throwaway session, so a JIT (V8 compiling
-    Pyodide's WebAssembly) has compiled the hot paths before the user's next call."""
+    Pyodide's WebAssembly) has compiled the hot paths before the user's next call.
+
+    `output` limits, as a run gets them, take the same path through artifact collection; with
+    max_figures 0 nothing is saved, and no figure is open between runs (each run closes them).
+    """
     session = Session()
     session.cells = WARM_UP_FIRST_CELL
     for _ in range(rounds):
-        # No output limits: artifacts would close the user's matplotlib figures.
-        dumps(session.run(WARM_UP_PROGRAM, 1000))
+        limits = output.to_py() if hasattr(output, "to_py") else output  # as run_program_json does
+        dumps(session.run(WARM_UP_PROGRAM, 1000, limits))
         linecache.cache.pop(f"{CELL_PREFIX}{session.cells}>", None)
 
 

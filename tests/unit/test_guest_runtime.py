@@ -143,7 +143,7 @@ def test_output_files_are_reported_by_the_run_that_wrote_them(tmp_path: Path) ->
 def test_warm_up_leaves_the_users_session_untouched() -> None:
     session = Session()
     run("x = 41\ndef broken():\n    return 1 / 0", session)
-    warm_up(5)
+    warm_up(5, {"max_files": 0, "max_bytes": 0, "max_figures": 0})
     assert run("x + 1", session)["result"] == "42"
     assert run("'fib' in globals() or 'rows' in globals()", session)["result"] == "False"
     # Tracebacks still quote the user's own lines, not the warm-up program's.
