@@ -211,6 +211,9 @@ async function init(
   installTransport(transport, true); // the host cannot read this sandbox's files: send them inline
   installTransport.destroy();
   namespace.destroy();
+  // The first runs compile much of the runtime lazily (the first takes ~20 ms): do a few before
+  // `ready`, in a throwaway session, so a sandbox's first calls from the pool do not pay for it.
+  warmUp(10, WARM_UP_OUTPUT);
   post(null, JSON.stringify({
     type: "ready",
     pyodide_version: pyodide.version,
