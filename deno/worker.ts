@@ -211,9 +211,9 @@ async function init(
   installTransport(transport, true); // the host cannot read this sandbox's files: send them inline
   installTransport.destroy();
   namespace.destroy();
-  // The first runs compile much of the runtime lazily (the first takes ~20 ms): do a few before
+  // The first runs compile much of the runtime lazily (the first takes ~20 ms): do three before
   // `ready`, in a throwaway session, so a sandbox's first calls from the pool do not pay for it.
-  warmUp(10, WARM_UP_OUTPUT);
+  warmUp(3, WARM_UP_OUTPUT);
   post(null, JSON.stringify({
     type: "ready",
     pyodide_version: pyodide.version,
@@ -253,22 +253,27 @@ async function run(message: RunMessage): Promise<void> {
 
 // JIT warm-up: V8 compiles Pyodide's hot WebAssembly functions only after they have run many
 // times, so a new sandbox runs Python several times slower for its first few hundred calls.
-// Asked to, a sandbox spends its idle time between calls running a sample program, a few
-// rounds per task, and stops for as long as any message is waiting.
-const WARM_UP_ROUNDS_PER_TASK = 2;
+// Asked to, a sandbox spends idle time between calls running a sample program, one round per
+// task, and only once no message has come for a while: a caller sending calls back to back
+// never waits behind it.
+const WARM_UP_IDLE_MS = 250;
 const WARM_UP_OUTPUT = { max_files: 0, max_bytes: 0, max_figures: 0 };
 let warmUpLeft = 0;
 let waiting = 0;
+let lastMessageAt = 0;
 
 function warmUpStep(): void {
   if (warmUpLeft <= 0) return;
-  if (waiting === 0) {
-    try {
-      warmUp(WARM_UP_ROUNDS_PER_TASK, WARM_UP_OUTPUT);
-      warmUpLeft -= WARM_UP_ROUNDS_PER_TASK;
-    } catch {
-      warmUpLeft = 0; // a sandbox whose warm-up fails still serves calls, only slower
-    }
+  const quiet = performance.now() - lastMessageAt;
+  if (waiting > 0 || quiet < WARM_UP_IDLE_MS) {
+    setTimeout(warmUpStep, WARM_UP_IDLE_MS - Math.min(quiet, WARM_UP_IDLE_MS) + 1);
+    return;
+  }
+  try {
+    warmUp(1, WARM_UP_OUTPUT);
+    warmUpLeft -= 1;
+  } catch {
+    warmUpLeft = 0; // a sandbox whose warm-up fails still serves calls, only slower
   }
   setTimeout(warmUpStep, 0);
 }
@@ -296,7 +301,7 @@ async function handle(message: { type: string; [key: string]: unknown }): Promis
   } else if (message.type === "run") {
     await run(message as unknown as RunMessage);
   } else if (message.type === "warm_up") {
-    if (warmUpLeft <= 0) setTimeout(warmUpStep, 0);
+    if (warmUpLeft <= 0) setTimeout(warmUpStep, WARM_UP_IDLE_MS);
     warmUpLeft = message.rounds as number;
   }
 }
@@ -311,5 +316,8 @@ self.onmessage = (event: MessageEvent) => {
   waiting++;
   queue = queue.then(() => handle(message)).catch((error) => {
     post(null, JSON.stringify({ type: "progress", line: `sandbox set-up failed: ${error}` }));
-  }).finally(() => waiting--);
+  }).finally(() => {
+    waiting--;
+    lastMessageAt = performance.now(); // quiet time counts from the end of the last run
+  });
 };

@@ -26,8 +26,8 @@ Host -> runner:
                                               still running (ignored otherwise).
     warm_up    {type, rounds}                 (Pyodide) spend idle time running a sample
                                               program ``rounds`` times so V8 compiles the
-                                              interpreter's hot code; pauses whenever
-                                              another message is waiting.
+                                              interpreter's hot code; one round at a time,
+                                              only after 250 ms without a message.
     tool_result {type, call, reply}           the answer to ``tool_call`` number ``call``:
                                               reply is JSON text, {"ok": true, "value": ...}
                                               or {"ok": false, "error": "..."}.
