@@ -335,8 +335,9 @@ class Session:
         """
         if output is None:
             return self._run(code, max_output_chars)
-        reuse = self.private_output and self._output_after is not None
-        before = self._output_after if reuse and self._output_after is not None else _scan_output()
+        before = self._output_after if self.private_output else None
+        if before is None:
+            before = _scan_output()
         outcome = self._run(code, max_output_chars)
         if isinstance(outcome, dict):
             return self._with_artifacts(outcome, before, output)
@@ -577,14 +578,18 @@ def install_transport(transport: ToolTransport, inline_files: bool = False) -> N
     _session.report_line = transport.progress
 
 
+def _output_limits(output: Any) -> dict[str, int] | None:
+    """Output limits as a dict: runners pass a JsProxy in Pyodide."""
+    return output.to_py() if hasattr(output, "to_py") else output  # type: ignore[no-any-return]
+
+
 def run_program_json(
     code: str, max_output_chars: int, tools_manifest: str | None = None, output: Any = None
 ) -> str | Coroutine[Any, Any, str]:
     """Entry point for runners that speak JSON (the Pyodide worker, the CPython worker)."""
     if tools_manifest is not None:
         _session.install_tools(tools_manifest, _transport)
-    limits = output.to_py() if hasattr(output, "to_py") else output  # a JsProxy in Pyodide
-    outcome = _session.run(code, max_output_chars, limits)
+    outcome = _session.run(code, max_output_chars, _output_limits(output))
     if isinstance(outcome, dict):
         return dumps(outcome)
     return _dump_when_done(outcome)
@@ -613,8 +618,8 @@ def warm_up(rounds: int, output: Any = None) -> None:
     """
     session = Session()
     session.cells = WARM_UP_FIRST_CELL
+    limits = _output_limits(output)
     for _ in range(rounds):
-        limits = output.to_py() if hasattr(output, "to_py") else output  # as run_program_json does
         dumps(session.run(WARM_UP_PROGRAM, 1000, limits))
         linecache.cache.pop(f"{CELL_PREFIX}{session.cells}>", None)
 
