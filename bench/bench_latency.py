@@ -27,9 +27,9 @@ from bench_bridge import UPSTREAM as BRIDGE_UPSTREAM
 from bench_bridge import bridged
 from mcp import Client, StdioServerParameters
 
-from mcp_sandbox.backends.base import Backend
-from mcp_sandbox.backends.choice import create_backend
-from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version, runner_dir
+from mcp_sandbox.app import create_backend
+from mcp_sandbox.backends.base import Backend, ExecutorHooks, no_progress
+from mcp_sandbox.backends.pyodide import RUNNER_DIR, PyodideBackend, find_deno, pyodide_version
 from mcp_sandbox.settings import Settings
 
 BACKENDS = ("pyodide", "subprocess", "inprocess")
@@ -53,6 +53,8 @@ SERVER_PHASE_LIMIT_S = 180.0
 WARM_LOOP_LIMIT_S = 45.0
 COLD_PHASE_LIMIT_S = 90.0
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
+#: Executors measured without a server: no tool bridge, nobody watching progress.
+NO_HOOKS = ExecutorHooks(tools=None, progress=no_progress)
 
 
 async def call(client: Client, session_id: str, code: str = CODE) -> tuple[float, int]:
@@ -190,7 +192,8 @@ async def measure_executor(backend_name: str, calls: int) -> dict[str, Any]:
     runs: list[float] = []
     with anyio.fail_after(COLD_PHASE_LIMIT_S):
         async with anyio.create_task_group() as tg:
-            backend: Backend = create_backend(Settings.model_validate({"backend": backend_name}), tg)
+            settings = Settings.model_validate({"backend": backend_name})
+            backend: Backend = create_backend(settings, NO_HOOKS, tg)
             await backend.prepare()
             for _ in range(COLD_STARTS):
                 started = time.perf_counter()
@@ -201,7 +204,7 @@ async def measure_executor(backend_name: str, calls: int) -> dict[str, Any]:
             try:
                 for i in range(WARMUP_CALLS + calls):
                     started = time.perf_counter()
-                    result = await executor.run(CODE, timeout=10, grace=1, max_output_chars=32_768)
+                    result = await executor.run(CODE, 10)
                     if i >= WARMUP_CALLS:
                         runs.append((time.perf_counter() - started) * 1000)
                     if not result.success:
@@ -243,11 +246,11 @@ async def measure_alternatives() -> dict[str, float]:
     if deno is None:
         raise RuntimeError("no Deno binary found")
     async with anyio.create_task_group() as group:
-        backend = PyodideBackend(settings, group, deno)  # only prepare() is used
+        backend = PyodideBackend(settings, NO_HOOKS, group, deno)  # only prepare() is used
     await backend.prepare()
-    readable = f"{runner_dir()},{backend.lock_file().parent}"
+    readable = f"{RUNNER_DIR},{backend.lock_file().parent}"
     fresh_pyodide = [
-        str(deno), "run", "--no-prompt", "--cached-only", "--config", str(runner_dir() / "deno.json"),
+        str(deno), "run", "--no-prompt", "--cached-only", "--config", str(RUNNER_DIR / "deno.json"),
         f"--allow-read={readable}", str(Path(__file__).with_name("fresh_pyodide.ts")), CODE,
     ]  # fmt: skip
     env = {"DENO_DIR": str(settings.cache_dir / "deno"), "NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1"}

@@ -1,4 +1,8 @@
-"""Command line: `mcp-sandbox` (the stdio server), `serve`, `run`, `doctor` and `warmup`."""
+"""Command line: `mcp-sandbox` (the stdio server), `serve`, `run`, `doctor` and `fetch`.
+
+`serve` and `run` take every setting as a flag, made from the Settings model (its names, help
+and choices) by pydantic-settings; a flag wins over MCP_SANDBOX_* variables and .env.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ from typing import Any, Literal
 import anyio
 import uvicorn
 from pydantic import ValidationError
+from pydantic_settings import CliSettingsSource
 
 from mcp_sandbox import __version__
-from mcp_sandbox.backends.base import SandboxStartError
+from mcp_sandbox.app import App, InvalidRequest
+from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError, no_progress
 from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version
 from mcp_sandbox.bridge.config import BridgeConfigError
 from mcp_sandbox.doctor import (
@@ -33,11 +39,11 @@ from mcp_sandbox.doctor import (
     run_checks,
 )
 from mcp_sandbox.http_auth import BearerAuth
-from mcp_sandbox.packages import PackageError, default_index_url, warm_packages
+from mcp_sandbox.packages import PackageError, default_index_url, fetch_packages
 from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
-from mcp_sandbox.server import App, build_server
+from mcp_sandbox.server import build_server
 from mcp_sandbox.sessions import SessionLimitReached
 from mcp_sandbox.settings import Settings
 
@@ -48,10 +54,14 @@ Transport = Literal["stdio", "sse", "http"]
 #: Exit status of `run` when the program could not be run at all (1 is the program failing).
 RUN_IMPOSSIBLE = 2
 #: Failures whose message is already a sentence for the user.
-EXPECTED_ERRORS = (SandboxStartError, BridgeConfigError, PackageError, PoolUnavailable, SessionLimitReached)
-
-
-BACKEND_CHOICES = ["auto", "pyodide", "subprocess", "inprocess"]
+EXPECTED_ERRORS = (
+    SandboxStartError,
+    BridgeConfigError,
+    PackageError,
+    PoolUnavailable,
+    SessionLimitReached,
+    InvalidRequest,
+)
 
 SETTINGS_NOTE = (
     "Every setting can also come from an MCP_SANDBOX_* environment variable or a .env file in the "
@@ -67,7 +77,12 @@ class CliError(Exception):
         self.status = status
 
 
-def _parser() -> argparse.ArgumentParser:
+def _settings_flags(parser: argparse.ArgumentParser) -> CliSettingsSource[Settings]:
+    """Every setting as a flag of `parser`; the source reads them back from the parsed arguments."""
+    return CliSettingsSource(Settings, root_parser=parser, cli_kebab_case=True, cli_hide_none_type=True)
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, CliSettingsSource[Settings]]]:
     parser = argparse.ArgumentParser(
         prog="mcp-sandbox",
         description="An MCP server whose tool execute_python runs Python in a sandbox (Deno + Pyodide by "
@@ -88,21 +103,6 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--transport", choices=["stdio", "sse", "http"], default="stdio", help="default stdio")
     serve.add_argument("--host", default="127.0.0.1", help="address for sse/http (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port for sse/http (default 8000)")
-    serve.add_argument(
-        "--backend",
-        choices=BACKEND_CHOICES,
-        help="overrides MCP_SANDBOX_BACKEND (inprocess: trusted code only)",
-    )
-    serve.add_argument("--policy", choices=["off", "strict"], help="overrides MCP_SANDBOX_POLICY")
-    serve.add_argument(
-        "--bridge-config",
-        metavar="FILE",
-        help="upstream MCP servers file; overrides MCP_SANDBOX_BRIDGE_CONFIG",
-    )
-    serve.add_argument("--pool-size", type=int, help="overrides MCP_SANDBOX_POOL_SIZE")
-    serve.add_argument(
-        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="overrides MCP_SANDBOX_LOG_LEVEL"
-    )
     run = commands.add_parser(
         "run",
         help="run a Python program in the sandbox and print what it prints",
@@ -114,17 +114,6 @@ def _parser() -> argparse.ArgumentParser:
         epilog=SETTINGS_NOTE,
     )
     run.add_argument("file", metavar="FILE", help="the program, or - to read it from standard input")
-    run.add_argument(
-        "--backend",
-        choices=BACKEND_CHOICES,
-        help="overrides MCP_SANDBOX_BACKEND (inprocess: trusted code only)",
-    )
-    run.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        help="seconds the program may run (default MCP_SANDBOX_TIMEOUT, 30)",
-    )
     commands.add_parser(
         "doctor",
         help="check this machine and print client configs",
@@ -135,16 +124,17 @@ def _parser() -> argparse.ArgumentParser:
         "the configured backend needs does not work.",
         epilog=SETTINGS_NOTE,
     )
-    warmup = commands.add_parser(
-        "warmup",
+    fetch = commands.add_parser(
+        "fetch",
+        aliases=["warmup"],
         help="fetch Pyodide, and Pyodide packages, for offline use",
         description="Fetch Pyodide into the cache and, with --packages, packages of the Pyodide "
         "distribution (with their dependencies) into the packages folder, so sandboxes load them offline.",
         epilog=SETTINGS_NOTE,
     )
-    warmup.add_argument("--packages", default="", help="comma-separated, e.g. numpy,pandas,matplotlib")
-    warmup.add_argument("--index-url", help="where to fetch them (default: the Pyodide CDN for this version)")
-    return parser
+    fetch.add_argument("--packages", default="", help="comma-separated, e.g. numpy,pandas,matplotlib")
+    fetch.add_argument("--index-url", help="where to fetch them (default: the Pyodide CDN for this version)")
+    return parser, {"serve": _settings_flags(serve), "run": _settings_flags(run)}
 
 
 @asynccontextmanager
@@ -176,16 +166,16 @@ async def showing_progress(label: str) -> AsyncIterator[None]:
     print(f"{label}: done in {time.monotonic() - started:.1f} s", file=sys.stderr)
 
 
-async def warm_up(settings: Settings, packages: list[str], index_url: str | None) -> None:
+async def fetch(settings: Settings, packages: list[str], index_url: str | None) -> None:
     deno = find_deno(settings)
     if deno is None:
         raise SandboxStartError(
-            "no Deno found, so Pyodide cannot be warmed up: install the `deno` package "
+            "no Deno found, so Pyodide cannot be fetched: install the `deno` package "
             "(pip install deno) or set MCP_SANDBOX_DENO_PATH"
         )
     async with anyio.create_task_group() as group:
         # Only prepare() is used here, which starts no tasks.
-        backend = PyodideBackend(settings, group, deno)
+        backend = PyodideBackend(settings, ExecutorHooks(tools=None, progress=no_progress), group, deno)
     async with showing_progress(f"Pyodide {pyodide_version()}: fetching (once) and preparing"):
         await backend.prepare()
     print(f"Pyodide {pyodide_version()} is in {settings.cache_dir}", file=sys.stderr)
@@ -193,7 +183,7 @@ async def warm_up(settings: Settings, packages: list[str], index_url: str | None
         url = index_url or default_index_url(pyodide_version())
         folder = settings.packages_folder
         print(f"fetching into {folder} from {url}", file=sys.stderr)
-        fetched = await anyio.to_thread.run_sync(warm_packages, backend.lock_file(), packages, folder, url)
+        fetched = await anyio.to_thread.run_sync(fetch_packages, backend.lock_file(), packages, folder, url)
         print(f"{len(fetched)} package files fetched", file=sys.stderr)
 
 
@@ -313,25 +303,21 @@ def print_check(check: Check) -> None:
         print(f"  {'':<20} fix: {check.fix}")
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    overrides: dict[str, Any] = {
-        name: value
-        for name in ("backend", "policy", "bridge_config", "pool_size", "log_level")
-        if (value := getattr(args, name, None)) is not None
-    }
-    if args.command == "run":
-        # One program: one sandbox, started when it is needed, and no other kept warm.
-        overrides["pool_size"] = 0
-        if args.timeout is not None:
-            overrides["timeout"] = overrides["max_timeout"] = args.timeout
-    return overrides
-
-
-def _settings(overrides: dict[str, Any]) -> Settings:
+def _settings(args: argparse.Namespace, flags: CliSettingsSource[Settings] | None) -> Settings:
+    """The settings: flags (for serve and run), then MCP_SANDBOX_* variables and .env."""
     try:
-        return Settings(**overrides)
+        if flags is None:
+            return Settings()
+        settings = Settings(_cli_settings_source=flags(parsed_args=args))
     except ValidationError as error:
         raise CliError(f"invalid setting: {describe_validation_error(error)}", RUN_IMPOSSIBLE) from None
+    if args.command == "run":
+        # One program: one sandbox, started when it is needed, and no other kept ready.
+        update: dict[str, Any] = {"pool_size": 0}
+        if getattr(args, "timeout", None) is not None:
+            update["max_timeout"] = max(settings.max_timeout, settings.timeout)
+        settings = settings.model_copy(update=update)
+    return settings
 
 
 def _configure_logging(settings: Settings, command: str) -> None:
@@ -346,21 +332,20 @@ def _configure_logging(settings: Settings, command: str) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format=layout)
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    command: str = args.command or "serve"
-    overrides = _overrides(args)
+def _dispatch(args: argparse.Namespace, flags: dict[str, CliSettingsSource[Settings]]) -> int:
+    command: str = {"warmup": "fetch", None: "serve"}.get(args.command, args.command)
     if command == "doctor":
         logging.basicConfig(level=logging.CRITICAL, stream=sys.stderr)
-        return anyio.run(doctor, overrides)
+        return anyio.run(doctor, {})
     if command == "run":
         code = read_program(args.file)
-    settings = _settings(overrides)
+    settings = _settings(args, flags.get(command) if args.command else None)
     _configure_logging(settings, command)
     if command == "run":
         return anyio.run(run_program, settings, code)
-    if command == "warmup":
+    if command == "fetch":
         names = [name.strip() for name in args.packages.split(",") if name.strip()]
-        anyio.run(warm_up, settings, names, args.index_url)
+        anyio.run(fetch, settings, names, args.index_url)
         return 0
     transport: Transport = getattr(args, "transport", "stdio")
     host: str = getattr(args, "host", "127.0.0.1")
@@ -383,9 +368,10 @@ def _innermost(error: BaseException) -> BaseException:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser, flags = _parser()
+    args = parser.parse_args(argv)
     try:
-        status = _dispatch(args)
+        status = _dispatch(args, flags)
     except KeyboardInterrupt:
         status = 130
     except BaseException as raised:  # every failure ends as one line, never a traceback

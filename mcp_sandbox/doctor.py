@@ -23,7 +23,7 @@ from mcp_sandbox.backends.base import SandboxStartError
 from mcp_sandbox.backends.pyodide import find_deno, pyodide_version
 from mcp_sandbox.backends.subprocess import UNSHARE_ARGS
 from mcp_sandbox.bridge.config import BridgeConfigError, StdioUpstream, Upstream, load_bridge_config
-from mcp_sandbox.bridge.upstreams import connect_upstream
+from mcp_sandbox.bridge.upstreams import connect_upstream, list_all_tools
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.settings import Settings
 
@@ -115,7 +115,7 @@ def check_pyodide_cache(settings: Settings) -> Check:
             "Pyodide",
             "warning",
             f"{version} is not cached in {deno_dir} yet (the first start fetches it from the npm registry)",
-            "run `mcp-sandbox warmup` once, where the npm registry is reachable",
+            "run `mcp-sandbox fetch` once, where the npm registry is reachable",
         )
     snapshot = any(settings.cache_dir.glob(f"pyodide-{version}-*.snapshot"))
     return Check(
@@ -157,7 +157,7 @@ async def check_backend(settings: Settings, name: str) -> Check:
 
 
 _BACKEND_FIXES = {
-    "pyodide": "fix the Deno and Pyodide problems above; `mcp-sandbox warmup` shows Deno's own error",
+    "pyodide": "fix the Deno and Pyodide problems above; `mcp-sandbox fetch` shows Deno's own error",
     "subprocess": f"check that `{sys.executable} -I -c 1` runs and MCP_SANDBOX_MEMORY_MB is not too low",
     "inprocess": "reinstall mcp-sandbox; this backend needs nothing but Python",
 }
@@ -229,13 +229,7 @@ async def check_upstream(name: str, upstream: Upstream) -> Check:
     try:
         with anyio.fail_after(UPSTREAM_TIMEOUT):
             async with connect_upstream(upstream) as client:
-                count, cursor = 0, None
-                for _ in range(100):  # pages, bounded as the bridge bounds them
-                    listing = await client.list_tools(cursor=cursor)
-                    count += len(listing.tools)
-                    cursor = listing.next_cursor
-                    if not cursor:
-                        break
+                count = len(await list_all_tools(client))
     except TimeoutError:
         problem = f"no answer within {UPSTREAM_TIMEOUT:g} s"
     except Exception as error:  # noqa: BLE001 - an unreachable upstream is reported, whatever the cause
@@ -262,7 +256,7 @@ def check_packages_folder(settings: Settings) -> Check:
         return Check(
             "packages folder",
             "ok",
-            f"{folder} is not there (optional: `mcp-sandbox warmup --packages numpy` makes it)",
+            f"{folder} is not there (optional: `mcp-sandbox fetch --packages numpy` makes it)",
         )
     if not os.access(folder, os.R_OK | os.X_OK):
         return Check("packages folder", "failed", f"{folder} is not readable", f"chmod u+rx {folder}")
@@ -279,9 +273,9 @@ async def run_checks(settings: Settings) -> AsyncGenerator[Check, None]:
     backends: dict[str, Check] = {}
     for name in BACKENDS:
         if name == "pyodide" and pyodide_cache.status != "ok":
-            # Trying would fetch Pyodide, which is warmup's job; the check above says so.
+            # Trying would fetch Pyodide, which is the job of `mcp-sandbox fetch`; the check above says so.
             backends[name] = Check(
-                f"{name} backend", "failed", "not tried: Pyodide is not cached", "run `mcp-sandbox warmup`"
+                f"{name} backend", "failed", "not tried: Pyodide is not cached", "run `mcp-sandbox fetch`"
             )
         else:
             backends[name] = await check_backend(settings, name)

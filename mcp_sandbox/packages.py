@@ -1,4 +1,4 @@
-"""Pyodide packages for offline use: `mcp-sandbox warmup --packages numpy,pandas`.
+"""Pyodide packages for offline use: `mcp-sandbox fetch --packages numpy,pandas`.
 
 The sandbox never has network, so packages from the Pyodide distribution are fetched once, here,
 from the Pyodide CDN (or a mirror) into the packages folder, checked against the sha256 in
@@ -103,7 +103,7 @@ def download(package: PackageFile, folder: Path, index_url: str, progress: Progr
 
 
 def progress_bar(package: PackageFile, done: int, total: int | None) -> None:
-    """A one-line bar on stderr, redrawn in place on a terminal; a log gets only `warm_packages`'
+    """A one-line bar on stderr, redrawn in place on a terminal; a log gets only `fetch_packages`'
     line per file, not a redraw per 64 KB."""
     if not sys.stderr.isatty():
         return
@@ -116,7 +116,7 @@ def progress_bar(package: PackageFile, done: int, total: int | None) -> None:
     print(f"\r  {package.name:<24} {bar}", end="", file=sys.stderr, flush=True)
 
 
-def warm_packages(lock_file: Path, names: list[str], folder: Path, index_url: str) -> list[PackageFile]:
+def fetch_packages(lock_file: Path, names: list[str], folder: Path, index_url: str) -> list[PackageFile]:
     """Fetch `names` and their dependencies into `folder`; the packages fetched."""
     lock = json.loads(lock_file.read_text(encoding="utf-8"))
     wanted = resolve(lock, names)

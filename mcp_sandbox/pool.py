@@ -11,11 +11,10 @@ import anyio
 import anyio.abc
 
 from mcp_sandbox.backends.base import Executor, SandboxStartError
+from mcp_sandbox.retry import Backoff
 
 logger = logging.getLogger(__name__)
 
-#: Seconds to wait before retrying after a failed start, doubling up to the cap.
-RETRY_DELAY, RETRY_DELAY_CAP = 0.5, 30.0
 #: Failed starts in a row before a waiter is told: one may be a sandbox killed while starting.
 FAILURES_BEFORE_TELLING = 2
 
@@ -31,7 +30,7 @@ class _Waiter:
     error: str | None = None
 
 
-class WarmPool:
+class ReadyPool:
     """Keeps `size` started executors ready; hands them out first come, first served.
 
     When more callers wait than there are ready sandboxes, more are started (at most
@@ -56,13 +55,8 @@ class WarmPool:
         self._waiters: deque[_Waiter] = deque()
         self._starting = 0
         self._start_slots = anyio.Semaphore(max_starting)
-        self._failures = 0
-        self._last_error: str | None = None
+        self._backoff = Backoff()
         self._closed = False
-
-    @property
-    def ready_count(self) -> int:
-        return len(self._ready)
 
     def fill(self) -> None:
         """Start as many sandboxes as it takes to have `size` ready plus one per waiter."""
@@ -102,23 +96,22 @@ class WarmPool:
     async def _start_one(self) -> None:
         try:
             async with self._start_slots:
-                if self._failures:
-                    await anyio.sleep(min(RETRY_DELAY * 2 ** (self._failures - 1), RETRY_DELAY_CAP))
+                if delay := self._backoff.delay:
+                    await anyio.sleep(delay)
                 executor = await self._start()
         except SandboxStartError as error:
             self._starting -= 1
-            self._failures += 1
-            self._last_error = str(error)
+            self._backoff.failed()
             logger.error("could not start a sandbox: %s", error)
             # Tell one waiter now rather than let it wait out its timeout for starts that keep failing.
-            if self._waiters and self._failures >= FAILURES_BEFORE_TELLING:
+            if self._waiters and self._backoff.failures >= FAILURES_BEFORE_TELLING:
                 waiter = self._waiters.popleft()
                 waiter.error = f"could not start a sandbox: {error}"
                 waiter.ready.set()
             self.fill()
             return
         self._starting -= 1
-        self._failures = 0
+        self._backoff.succeeded()
         if self._closed:
             await executor.close()
             return

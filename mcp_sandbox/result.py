@@ -1,69 +1,58 @@
-"""The one result model shared by every backend, the Python API and the MCP server."""
+"""The one result model shared by every backend, the Python API and the MCP server, and every
+host-side step of artifacts: from the guest's report, within the caps, to the output folder."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import mimetypes
+import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr, TypeAdapter
 
-from mcp_sandbox.backends.guest_runtime import cap_text
-
-#: Room for the truncation marker a guest adds when it caps a field itself.
-MARKER_SLACK = 100
+from mcp_sandbox.protocol import (
+    MARKER_SLACK,
+    MAX_NOTE_CHARS,
+    MAX_NOTES,
+    MAX_OUTPUT_PATH_CHARS,
+    OUTPUT_DIR,
+    GuestFile,
+    GuestOutcome,
+    OutputLimits,
+    cap_text,
+)
 
 #: Failures that are not a Python exception of the program itself.
 SandboxErrorType = Literal["Timeout", "MemoryLimit", "SandboxCrash", "Rejected"]
 
+#: Validates what a guest reports: it is untrusted, and a field the protocol does not name is refused.
+GUEST_OUTCOME: TypeAdapter[GuestOutcome] = TypeAdapter(GuestOutcome)
 
-TEXT_FIELDS = {"success", "stdout", "stderr", "result", "error_type", "error", "truncated"}
-
-
-class GuestFile(BaseModel):
-    """A file the program wrote to output/, as the guest reports it."""
-
-    path: str = Field(max_length=1024, description="Relative to output/.")
-    size: int = Field(ge=0)
-    data: str | None = Field(None, description="base64, when the host cannot read the sandbox's disk.")
+#: Reads output/`path` of one sandbox (the guest's file entry, the checked path), or None.
+ReadOutputFile = Callable[[GuestFile, str], "bytes | None"]
 
 
-class GuestOutcome(BaseModel):
-    """What the sandbox reports about one run. Untrusted: validated before use."""
-
-    success: bool
-    stdout: str = ""
-    stderr: str = ""
-    result: str | None = None
-    error_type: str | None = None
-    error: str | None = None
-    truncated: bool = False
-    files: list[GuestFile] = []
-    figures: list[str] = Field([], description="PNG images, base64.")
-    notes: list[str] = []
-
-    def capped(self, limit: int) -> GuestOutcome:
-        """The same outcome with every text field within `limit` and valid UTF-8 (lone
-        surrogates replaced, as JSON output cannot carry them), whatever the guest sent."""
-        changes: dict[str, str] = {}
-        truncated = self.truncated
-        for name in ("stdout", "stderr", "result", "error"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if len(value) > limit + MARKER_SLACK:
-                value, truncated = cap_text(value, limit)[0], True
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                value = value.encode("utf-8", "replace").decode("utf-8")
-            if value is not getattr(self, name):
-                changes[name] = value
-        if not changes:
-            return self
-        return self.model_copy(update={**changes, "truncated": truncated})
+def cap_outcome(outcome: GuestOutcome, limit: int) -> GuestOutcome:
+    """The same outcome with every text field within `limit` and valid UTF-8 (lone surrogates
+    replaced, as JSON output cannot carry them), whatever the guest sent."""
+    capped = GuestOutcome(**outcome)
+    for name in ("stdout", "stderr", "result", "error"):
+        value = capped.get(name)
+        if not isinstance(value, str):
+            continue
+        if len(value) > limit + MARKER_SLACK:
+            value = cap_text(value, limit)[0]
+            capped["truncated"] = True
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = value.encode("utf-8", "replace").decode("utf-8")
+        capped[name] = value
+    return capped
 
 
 class OutputFile(BaseModel):
@@ -73,18 +62,6 @@ class OutputFile(BaseModel):
     saved_to: str | None = Field(
         None, description="Where the server copied it, when MCP_SANDBOX_OUTPUT_DIR is set."
     )
-
-
-@dataclass(frozen=True)
-class OutputLimits:
-    """What one execution may hand back besides text: output/ files and figures."""
-
-    max_files: int = 20
-    max_bytes: int = 10 * 1024 * 1024
-    max_figures: int = 10
-
-    def message(self) -> dict[str, int]:
-        return {"max_files": self.max_files, "max_bytes": self.max_bytes, "max_figures": self.max_figures}
 
 
 @dataclass
@@ -103,6 +80,33 @@ def decode_base64(data: str) -> bytes | None:
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
+        return None
+
+
+def safe_output_path(path: str) -> str | None:
+    """`path` when it names a file inside output/ (relative, no `..`), else None."""
+    normal = posixpath.normpath(path)
+    if (
+        not path
+        or len(path) > MAX_OUTPUT_PATH_CHARS
+        or normal.startswith(("/", "../"))
+        or normal in (".", "..")
+        or "\\" in path
+        or "\x00" in path
+    ):
+        return None
+    return normal
+
+
+def read_output_file(workdir: Path, path: str) -> bytes | None:
+    """output/`path` under `workdir`, if it is a regular file really inside output/ (no links out)."""
+    root = (workdir / OUTPUT_DIR).resolve()
+    target = (root / path).resolve()
+    if not target.is_relative_to(root) or not target.is_file():
+        return None
+    try:
+        return target.read_bytes()
+    except OSError:
         return None
 
 
@@ -168,3 +172,85 @@ class ExecutionResult(BaseModel):
             stdout=stdout,
             stderr=stderr,
         )
+
+    @classmethod
+    def from_outcome(
+        cls,
+        outcome: GuestOutcome,
+        *,
+        backend: str,
+        duration_ms: int,
+        max_output_chars: int,
+        output: OutputLimits,
+        read_file: ReadOutputFile,
+    ) -> ExecutionResult:
+        """The result of a run the guest reported, within every cap whatever the guest sent."""
+        capped = cap_outcome(outcome, max_output_chars)
+        result = cls(
+            success=capped["success"],
+            stdout=capped["stdout"],
+            stderr=capped["stderr"],
+            result=capped["result"],
+            error_type=capped["error_type"],
+            error=capped["error"],
+            truncated=capped["truncated"],
+            backend=backend,
+            duration_ms=duration_ms,
+        )
+        result._take_artifacts(capped, output, read_file)
+        return result
+
+    def _take_artifacts(self, outcome: GuestOutcome, limits: OutputLimits, read_file: ReadOutputFile) -> None:
+        """Move figures and output files from the guest's report into this result, within the caps
+        (the guest applies them too; this is where they hold, whatever it sent)."""
+        budget = limits["max_bytes"]
+        figures, files = outcome.get("figures", []), outcome.get("files", [])
+        notes = [note[:MAX_NOTE_CHARS] for note in outcome.get("notes", [])[:MAX_NOTES]]
+        for encoded in figures[: limits["max_figures"]]:
+            image = decode_base64(encoded)
+            if image is None or len(image) > budget:
+                notes.append("a figure was left out: over MCP_SANDBOX_MAX_OUTPUT_MB in all")
+                continue
+            self.artifacts.figures.append(image)
+            budget -= len(image)
+        if len(figures) > limits["max_figures"]:
+            notes.append(
+                f"{len(figures) - limits['max_figures']} figures over MCP_SANDBOX_MAX_FIGURES left out"
+            )
+        listed: list[OutputFile] = []
+        for file in files[: limits["max_files"]]:
+            path = safe_output_path(file["path"])
+            data = read_file(file, path) if path is not None else None
+            if path is None or data is None:
+                notes.append(f"output/{file['path'][:200]} could not be read back")
+                continue
+            if len(data) > budget:
+                notes.append(
+                    f"output/{path} ({len(data):,} bytes) left out: over MCP_SANDBOX_MAX_OUTPUT_MB in all"
+                )
+                continue
+            budget -= len(data)
+            self.artifacts.files[path] = data
+            listed.append(OutputFile(name=path, size=len(data), mime_type=mime_type(path)))
+        if len(files) > limits["max_files"]:
+            notes.append(
+                f"{len(files) - limits['max_files']} files over MCP_SANDBOX_MAX_OUTPUT_FILES left out"
+            )
+        self.files, self.figures, self.notes = listed, len(self.artifacts.figures), notes
+
+    def save_files(self, output_dir: Path) -> None:
+        """Copy the output files to `output_dir`/<session or one-off>/, noting any that cannot be."""
+        root = output_dir.resolve()
+        folder = root / (self.session_id or "one-off")
+        for file in self.files:
+            target = (folder / file.name).resolve()
+            # Names were checked when the guest reported them; this holds whatever they are.
+            if not target.is_relative_to(folder.resolve()) or not folder.resolve().is_relative_to(root):
+                self.notes.append(f"output/{file.name} was not copied: its path leaves {root}")
+                continue
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(self.artifacts.files[file.name])
+                file.saved_to = str(target)
+            except OSError as error:
+                self.notes.append(f"output/{file.name} could not be copied to {folder}: {error.strerror}")

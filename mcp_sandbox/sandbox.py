@@ -6,19 +6,18 @@ async with Sandbox(backend="pyodide") as sandbox:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from mcp_sandbox.app import App
 from mcp_sandbox.bridge.local import LocalTools
 from mcp_sandbox.result import ExecutionResult
-from mcp_sandbox.server import SESSION_ID_PATTERN, App
 from mcp_sandbox.settings import BackendName, Settings
 
 
 class Sandbox:
-    """One `App` (backend, warm pool, sessions, tool bridge) driven from Python.
+    """One `App` (backend, ready pool, sessions, tool bridge) driven from Python.
 
     Keyword arguments are settings (`timeout=10`, `pool_size=1`, `data_dir=...`), as the
     `MCP_SANDBOX_*` variables name them; they win over the environment and `.env`.
@@ -68,12 +67,9 @@ class Sandbox:
         """Run code, exactly as the `execute_python` tool does: same limits, same result.
 
         Errors in the code are in the result (`success`, `error_type`), never raised. Raises
-        PoolUnavailable or SessionLimitReached when no sandbox can be had.
+        InvalidRequest (a ValueError, with the tool's message) for code, a session id or a
+        timeout over a limit, and PoolUnavailable or SessionLimitReached when no sandbox can be had.
         """
-        if session_id is not None and (len(session_id) > 128 or not re.match(SESSION_ID_PATTERN, session_id)):
-            raise ValueError(f"session_id {session_id!r}: use 1-128 of A-Z a-z 0-9 _ . : - (not only dots)")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         return await self._started().execute(code, timeout=timeout, session_id=session_id)
 
     def set_tools(self, tools: Mapping[str, Callable[..., Any]]) -> None:
@@ -86,7 +82,7 @@ class Sandbox:
 
     async def reset(self, session_id: str) -> bool:
         """Drop a session and stop its sandbox; False when there was none."""
-        return await self._started().sessions.reset(session_id)
+        return await self._started().reset_session(session_id)
 
     def _started(self) -> App:
         if self._app is None:

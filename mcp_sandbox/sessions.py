@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from mcp_sandbox.backends.base import Executor
-from mcp_sandbox.bridge.upstreams import ToolBridge
-from mcp_sandbox.pool import WarmPool
+from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
 
@@ -19,8 +18,6 @@ logger = logging.getLogger(__name__)
 
 #: How often idle sessions are looked for, at most.
 SWEEP_INTERVAL = 5.0
-
-
 #: Seconds between progress reports of a running call.
 PROGRESS_INTERVAL = 1.0
 
@@ -28,15 +25,27 @@ PROGRESS_INTERVAL = 1.0
 ProgressReport = Callable[[float, str | None], Awaitable[None]]
 
 
-async def _report_progress(executor: Executor, progress: ProgressReport) -> None:
-    started = time.monotonic()
-    while True:
-        await anyio.sleep(PROGRESS_INTERVAL)
-        try:
-            await progress(time.monotonic() - started, executor.latest_line)
-        except Exception as error:  # noqa: BLE001 - a client that cannot take progress still gets its result
-            logger.debug("progress report failed: %s", error)
-            return
+class ProgressRelay:
+    """Reports a running call's progress every PROGRESS_INTERVAL seconds, with the latest line
+    its program printed (pushed by the executor), so a client waiting on a long computation
+    hears that it runs, and what it last said, at a steady pace."""
+
+    def __init__(self, report: ProgressReport) -> None:
+        self._report = report
+        self._line: str | None = None
+
+    def push(self, line: str) -> None:
+        self._line = line
+
+    async def report_until_cancelled(self) -> None:
+        started = time.monotonic()
+        while True:
+            await anyio.sleep(PROGRESS_INTERVAL)
+            try:
+                await self._report(time.monotonic() - started, self._line)
+            except Exception as error:  # noqa: BLE001 - a client that cannot take progress still gets its result
+                logger.debug("progress report failed: %s", error)
+                return
 
 
 class SessionLimitReached(Exception):
@@ -52,25 +61,33 @@ class Session:
 
 
 class SessionPool:
-    """Runs code in sessions. Owns every executor that is handed out of the warm pool.
+    """Runs code in sessions. Owns every executor that is handed out of the ready pool.
 
-    A call without a session id gets a fresh sandbox from the warm pool, which is discarded
+    A call without a session id gets a fresh sandbox from the ready pool, which is discarded
     afterwards, so nothing it did can reach a later call. A session keeps its sandbox; calls in
     one session run one at a time, calls in different sessions run side by side.
     """
 
-    def __init__(
-        self, pool: WarmPool, settings: Settings, backend: str, bridge: ToolBridge | None = None
-    ) -> None:
-        self._pool = pool
+    def __init__(self, settings: Settings) -> None:
+        self._pool: ReadyPool | None = None
         self._settings = settings
-        self._backend = backend
-        self._bridge = bridge
         self._sessions: dict[str, Session] = {}
+        #: Where each running executor's output lines go (its call's progress relay).
+        self._relays: dict[Executor, ProgressRelay] = {}
 
-    @property
-    def session_ids(self) -> list[str]:
-        return list(self._sessions)
+    def attach(self, pool: ReadyPool) -> None:
+        """The pool sandboxes come from (made after the backend, which takes `on_progress`)."""
+        self._pool = pool
+
+    def on_progress(self, executor: Executor, line: str) -> None:
+        """The executors' progress hook: a line its running program printed."""
+        relay = self._relays.get(executor)
+        if relay is not None:
+            relay.push(line)
+
+    async def _acquire(self) -> Executor:
+        assert self._pool is not None, "attach a pool first"
+        return await self._pool.acquire()
 
     async def run(
         self,
@@ -81,7 +98,7 @@ class SessionPool:
         progress: ProgressReport | None = None,
     ) -> ExecutionResult:
         if session_id is None:
-            executor = await self._pool.acquire()
+            executor = await self._acquire()
             try:
                 return await self._run_in(executor, code, timeout, progress)
             finally:
@@ -100,13 +117,13 @@ class SessionPool:
                 if session.executor is None or not session.executor.alive:
                     if session.executor is not None:
                         await session.executor.close()
-                    session.executor = await self._pool.acquire()
+                    session.executor = await self._acquire()
                 result = await self._run_in(session.executor, code, timeout, progress)
                 if result.session_lost:
                     await session.executor.close()
                     session.executor = None
                 else:
-                    await session.executor.warm_up()
+                    await session.executor.jit_warm_up()
                 return result.model_copy(update={"session_id": session_id})
             finally:
                 session.last_used = time.monotonic()
@@ -118,23 +135,16 @@ class SessionPool:
         self, executor: Executor, code: str, timeout: float, progress: ProgressReport | None
     ) -> ExecutionResult:
         if progress is None:
-            return await self._run(executor, code, timeout)
-        async with anyio.create_task_group() as group:
-            group.start_soon(_report_progress, executor, progress)
-            result = await self._run(executor, code, timeout)
-            group.cancel_scope.cancel()
+            return await executor.run(code, timeout)
+        relay = self._relays[executor] = ProgressRelay(progress)
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(relay.report_until_cancelled)
+                result = await executor.run(code, timeout)
+                group.cancel_scope.cancel()
+        finally:
+            del self._relays[executor]
         return result
-
-    async def _run(self, executor: Executor, code: str, timeout: float) -> ExecutionResult:
-        return await executor.run(
-            code,
-            timeout=timeout,
-            grace=self._settings.interrupt_grace,
-            max_output_chars=self._settings.max_output_chars,
-            bridge=self._bridge,
-            max_tool_calls=self._settings.bridge_max_calls,
-            output=self._settings.output_limits(),
-        )
 
     async def reset(self, session_id: str) -> bool:
         """Forget a session and stop its sandbox; True if it existed."""

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from mcp_sandbox.result import OutputLimits
+from mcp_sandbox.protocol import OutputLimits
 
 BackendName = Literal["auto", "pyodide", "subprocess", "inprocess"]
 PolicyName = Literal["off", "strict"]
@@ -93,7 +93,7 @@ class Settings(BaseSettings):
     packages_dir: Path | None = Field(
         None,
         description="pyodide: folder of Pyodide packages and pure-Python wheels that imports load from "
-        "(filled by `mcp-sandbox warmup --packages ...`); default <cache_dir>/packages.",
+        "(filled by `mcp-sandbox fetch --packages ...`); default <cache_dir>/packages.",
     )
     audit_log: Path | None = Field(
         None, description="JSON-lines file with one record per execution (mode 0600)."
@@ -140,11 +140,11 @@ class Settings(BaseSettings):
         return self.packages_dir or self.cache_dir / "packages"
 
     def output_limits(self) -> OutputLimits:
-        return OutputLimits(
-            max_files=self.max_output_files,
-            max_bytes=int(self.max_output_mb * 1024 * 1024),
-            max_figures=self.max_figures,
-        )
+        return {
+            "max_files": self.max_output_files,
+            "max_bytes": int(self.max_output_mb * 1024 * 1024),
+            "max_figures": self.max_figures,
+        }
 
     def clamp_timeout(self, requested: float | None) -> float:
         """The timeout a call really gets: the default when unset, never above the maximum."""

@@ -1,29 +1,23 @@
-"""The executor interface every backend implements, and the timeout policy they share."""
+"""The executor interface every backend implements: its limits and hooks, the timeout policy
+every backend shares, and the bridged tool calls of one run."""
 
 from __future__ import annotations
 
+import json
 import logging
-import posixpath
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import ClassVar
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 import anyio
+import anyio.abc
 
-from mcp_sandbox.bridge.calls import ToolCalls
-from mcp_sandbox.bridge.upstreams import ToolBridge
-from mcp_sandbox.result import (
-    TEXT_FIELDS,
-    ExecutionResult,
-    GuestFile,
-    GuestOutcome,
-    OutputFile,
-    OutputLimits,
-    SandboxErrorType,
-    decode_base64,
-    mime_type,
-)
+from mcp_sandbox.protocol import DATA_DIR, OUTPUT_DIR, GuestFile, GuestLimits, GuestOutcome, reply_error
+from mcp_sandbox.result import ExecutionResult, SandboxErrorType, decode_base64
+from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -40,59 +34,140 @@ class SandboxStartError(Exception):
     """A new sandbox could not be started (runtime missing, load failure, start timeout)."""
 
 
-@dataclass
-class RunRequest:
-    """One program to run, and what comes with it to the sandbox."""
+@dataclass(frozen=True)
+class ExecutorLimits:
+    """What every run of one executor is held to, fixed when it is built."""
 
-    code: str
-    max_output_chars: int
-    output: OutputLimits = field(default_factory=OutputLimits)
-    #: The bridge's catalog as JSON text, when the guest's `tools` must be rebuilt first.
-    tools_manifest: str | None = None
+    guest: GuestLimits
+    #: Seconds an interrupted program gets to stop before its sandbox is killed.
+    grace: float
+    #: Bridged tool calls one run may make.
+    max_tool_calls: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ExecutorLimits:
+        guest: GuestLimits = {
+            "max_output_chars": settings.max_output_chars,
+            "output": settings.output_limits(),
+        }
+        return cls(guest, settings.interrupt_grace, settings.bridge_max_calls)
+
+    @property
+    def max_output_chars(self) -> int:
+        return self.guest["max_output_chars"]
 
 
-def safe_output_path(path: str) -> str | None:
-    """`path` when it names a file inside output/ (relative, no `..`), else None."""
-    normal = posixpath.normpath(path)
-    if not path or normal.startswith(("/", "../")) or normal in (".", "..") or "\\" in path or "\x00" in path:
-        return None
-    return normal
+class ToolHost(Protocol):
+    """What an executor needs of the tool bridge (bridge.upstreams.ToolBridge is one)."""
+
+    #: Bumped whenever the catalog changes, so executors know to refresh the guest's `tools`.
+    version: int
+    #: The catalog as JSON text: a list of ToolSpec, what the guest builds `tools` from.
+    manifest_json: str
+
+    @property
+    def has_tools(self) -> bool: ...
+
+    async def call(self, server_py: str, tool_py: str, arguments: Any) -> str:
+        """One call's reply (a ToolReply as JSON text); never raises except on cancellation."""
+        ...
+
+
+#: Receives each line a running program prints (at most twice a second), with its executor.
+ProgressHook = Callable[["Executor", str], None]
+
+
+@dataclass(frozen=True)
+class ExecutorHooks:
+    """The two ways an executor reaches back into the server: bridged tool calls and progress."""
+
+    tools: ToolHost | None
+    progress: ProgressHook
+
+
+def no_progress(executor: Executor, line: str) -> None:
+    """A progress hook for executors nobody watches."""
+
+
+#: Delivers reply (JSON text) for call number `call` to the sandbox.
+Deliver = Callable[[int, str], Awaitable[None]]
+
+#: A reply that cannot reach a sandbox in this long is dropped: the sandbox is stuck or gone.
+DELIVER_LIMIT = 2.0
+
+
+class ToolCalls:
+    """The bridged calls of one run: each in its own task, within the per-run limit;
+    `cancel_all` ends the pending ones when the run ends, and each still gets a reply."""
+
+    def __init__(self, tools: ToolHost | None, task_group: anyio.abc.TaskGroup, max_calls: int) -> None:
+        self._tools = tools
+        self._task_group = task_group
+        self._max_calls = max_calls
+        self._scopes: set[anyio.CancelScope] = set()
+        self.count = 0
+
+    def start(self, call: int, server: str, tool: str, arguments: str, deliver: Deliver) -> None:
+        self.count += 1
+        over_limit = self.count > self._max_calls
+        self._task_group.start_soon(self._serve, call, server, tool, arguments, deliver, over_limit)
+
+    async def _serve(
+        self, call: int, server: str, tool: str, arguments: str, deliver: Deliver, over_limit: bool
+    ) -> None:
+        reply = reply_error("the execution ended (finished or timed out) before this tool call returned")
+        scope = anyio.CancelScope()
+        self._scopes.add(scope)
+        with scope:
+            reply = await self._reply(server, tool, arguments, over_limit)
+        self._scopes.discard(scope)
+        with anyio.move_on_after(DELIVER_LIMIT, shield=True):
+            try:
+                await deliver(call, reply)
+            except Exception as error:  # noqa: BLE001 - the sandbox died; its run reports that
+                logger.debug("could not deliver tool reply %d: %s", call, error)
+
+    async def _reply(self, server: str, tool: str, arguments: str, over_limit: bool) -> str:
+        if self._tools is None or not self._tools.has_tools:
+            return reply_error("no upstream MCP servers are configured (MCP_SANDBOX_BRIDGE_CONFIG)")
+        if over_limit:
+            return reply_error(
+                f"this execution made more than {self._max_calls} tool calls (MCP_SANDBOX_BRIDGE_MAX_CALLS)"
+            )
+        try:
+            decoded = json.loads(arguments)
+        except (TypeError, ValueError):
+            return reply_error("the tool call's arguments were not JSON")
+        return await self._tools.call(str(server), str(tool), decoded)
+
+    def cancel_all(self) -> None:
+        for scope in self._scopes:
+            scope.cancel()
 
 
 class Executor(ABC):
     """One sandbox: an interpreter whose state lives from one `run` to the next.
 
-    Backends implement `_submit`, `_await_outcome`, `interrupt` and `close`; `run` holds the
-    timeout policy so it is the same everywhere: at the deadline the program is interrupted,
-    and if it has not stopped after a grace period the sandbox is killed. While `_await_outcome`
-    waits, it hands the program's bridged tool calls to `self.tool_calls`.
+    Built once, with its limits and hooks. `run` holds the timeout policy, so it is the same
+    everywhere: at the deadline the program is interrupted, and if it has not stopped after the
+    grace period the sandbox is killed. Backends implement `_submit`, `_await_outcome`,
+    `interrupt`, `close` and `alive`; while `_await_outcome` waits, they hand the program's
+    bridged tool calls to `_start_tool_call` and its output lines to `hooks.progress`.
     """
 
     backend: ClassVar[str]
-    #: The bridged calls of the execution in progress.
-    tool_calls: ToolCalls
-    #: Which catalog version the guest's `tools` was built from (-1: none yet).
-    tools_version: int = -1
-    #: The latest line the running program printed, as the guest last reported it (for progress).
-    latest_line: str | None = None
+
+    def __init__(self, limits: ExecutorLimits, hooks: ExecutorHooks) -> None:
+        self.limits = limits
+        self.hooks = hooks
+        #: Which catalog version the guest's `tools` was built from (-1: none yet).
+        self._tools_version = -1
+        self._tool_calls: ToolCalls | None = None
 
     @property
     @abstractmethod
     def alive(self) -> bool:
         """False once the sandbox has died or been closed."""
-
-    @abstractmethod
-    async def _submit(self, request: RunRequest) -> None:
-        """Start running the request's code, first rebuilding the guest's `tools` from its
-        manifest when it has one; returns at once."""
-
-    def _output_file_bytes(self, file: GuestFile, path: str) -> bytes | None:
-        """The bytes of output/`path`: sent inline by the guest unless a backend can read its disk."""
-        return decode_base64(file.data) if file.data is not None else None
-
-    @abstractmethod
-    async def _await_outcome(self) -> GuestOutcome:
-        """Wait for the submitted program to finish. Raises SandboxDied."""
 
     @abstractmethod
     async def interrupt(self) -> None:
@@ -102,67 +177,80 @@ class Executor(ABC):
     async def close(self) -> None:
         """Stop the sandbox and free everything it holds. Safe to call twice."""
 
-    async def warm_up(self) -> None:  # noqa: B027 - optional: only a JIT-compiled runtime needs it
+    async def jit_warm_up(self) -> None:  # noqa: B027 - optional: only a JIT-compiled runtime needs it
         """Use idle time to make the next calls faster; returns at once. Called for sandboxes
         that serve a session, which will run more programs."""
 
-    async def run(
-        self,
-        code: str,
-        *,
-        timeout: float,
-        grace: float,
-        max_output_chars: int,
-        bridge: ToolBridge | None = None,
-        max_tool_calls: int = 1000,
-        output: OutputLimits | None = None,
-    ) -> ExecutionResult:
-        request = RunRequest(code, max_output_chars, output or OutputLimits())
-        self.latest_line = None
+    @abstractmethod
+    async def _submit(self, code: str, tools_manifest: str | None) -> None:
+        """Start running `code`, first rebuilding the guest's `tools` from `tools_manifest`
+        when it is given; returns at once."""
+
+    @abstractmethod
+    async def _await_outcome(self) -> GuestOutcome:
+        """Wait for the submitted program to finish. Raises SandboxDied."""
+
+    def _read_output_file(self, file: GuestFile, path: str) -> bytes | None:
+        """The bytes of output/`path`: sent inline by the guest unless a backend can read its disk."""
+        return decode_base64(file["data"]) if "data" in file else None
+
+    def _start_tool_call(self, call: int, server: str, tool: str, arguments: str, deliver: Deliver) -> None:
+        if self._tool_calls is None:
+            raise RuntimeError("no execution is running")
+        self._tool_calls.start(call, server, tool, arguments, deliver)
+
+    async def run(self, code: str, timeout: float) -> ExecutionResult:
+        tools = self.hooks.tools
+        manifest = None
+        if tools is not None and tools.version != self._tools_version:
+            manifest, self._tools_version = tools.manifest_json, tools.version
         async with anyio.create_task_group() as task_group:
-            self.tool_calls = ToolCalls(bridge, task_group, max_tool_calls)
-            if bridge is not None and bridge.version != self.tools_version:
-                request.tools_manifest, self.tools_version = bridge.manifest_json, bridge.version
+            self._tool_calls = calls = ToolCalls(tools, task_group, self.limits.max_tool_calls)
             try:
-                result = await self._run(request, timeout, grace)
+                result = await self._run(code, manifest, timeout)
             finally:
                 # Bridged calls still pending when the execution ends are cancelled and answered.
-                self.tool_calls.cancel_all()
+                calls.cancel_all()
+                self._tool_calls = None
         return result
 
-    async def _run(self, request: RunRequest, timeout: float, grace: float) -> ExecutionResult:
+    async def _run(self, code: str, manifest: str | None, timeout: float) -> ExecutionResult:
         started = time.perf_counter()
-        max_output_chars = request.max_output_chars
+        grace = self.limits.grace
 
         def elapsed_ms() -> int:
             return int((time.perf_counter() - started) * 1000)
 
         def finished(outcome: GuestOutcome) -> ExecutionResult:
-            result = ExecutionResult(
-                **outcome.model_dump(include=TEXT_FIELDS), backend=self.backend, duration_ms=elapsed_ms()
+            return ExecutionResult.from_outcome(
+                outcome,
+                backend=self.backend,
+                duration_ms=elapsed_ms(),
+                max_output_chars=self.limits.max_output_chars,
+                output=self.limits.guest["output"],
+                read_file=self._read_output_file,
             )
-            self._take_artifacts(result, outcome, request.output)
-            return result
 
         try:
-            await self._submit(request)
+            await self._submit(code, manifest)
             with anyio.move_on_after(timeout):
-                return finished((await self._await_outcome()).capped(max_output_chars))
+                return finished(await self._await_outcome())
             await self.interrupt()
-            self.tool_calls.cancel_all()
+            if self._tool_calls is not None:
+                self._tool_calls.cancel_all()
             with anyio.move_on_after(grace):
-                outcome = (await self._await_outcome()).capped(max_output_chars)
-                if outcome.error_type != "KeyboardInterrupt":
+                interrupted = finished(await self._await_outcome())
+                if interrupted.error_type != "KeyboardInterrupt":
                     # It finished on its own just as the deadline passed.
-                    return finished(outcome)
+                    return interrupted
                 return ExecutionResult.failure(
                     "Timeout",
                     f"Execution timed out after {timeout:g} s and was interrupted; "
                     "the session's variables are kept.",
                     backend=self.backend,
                     duration_ms=elapsed_ms(),
-                    stdout=outcome.stdout,
-                    stderr=outcome.stderr,
+                    stdout=interrupted.stdout,
+                    stderr=interrupted.stderr,
                 )
             logger.warning("%s sandbox ignored the interrupt for %g s; killing it", self.backend, grace)
             await self.close()
@@ -185,48 +273,16 @@ class Executor(ABC):
                 await self.close()
             raise
 
-    def _take_artifacts(self, result: ExecutionResult, outcome: GuestOutcome, limits: OutputLimits) -> None:
-        """Move figures and output files from the guest's report into `result`, within the caps
-        (the guest applies them too; this is where they hold, whatever it sent)."""
-        budget = limits.max_bytes
-        notes = [note[:500] for note in outcome.notes[:10]]
-        for encoded in outcome.figures[: limits.max_figures]:
-            image = decode_base64(encoded)
-            if image is None or len(image) > budget:
-                notes.append("a figure was left out: over MCP_SANDBOX_MAX_OUTPUT_MB in all")
-                continue
-            result.artifacts.figures.append(image)
-            budget -= len(image)
-        if len(outcome.figures) > limits.max_figures:
-            notes.append(
-                f"{len(outcome.figures) - limits.max_figures} figures over MCP_SANDBOX_MAX_FIGURES left out"
-            )
-        listed: list[OutputFile] = []
-        for file in outcome.files[: limits.max_files]:
-            path = safe_output_path(file.path)
-            data = self._output_file_bytes(file, path) if path is not None else None
-            if path is None or data is None:
-                notes.append(f"output/{file.path[:200]} could not be read back")
-                continue
-            if len(data) > budget:
-                notes.append(
-                    f"output/{path} ({len(data):,} bytes) left out: over MCP_SANDBOX_MAX_OUTPUT_MB in all"
-                )
-                continue
-            budget -= len(data)
-            result.artifacts.files[path] = data
-            listed.append(OutputFile(name=path, size=len(data), mime_type=mime_type(path)))
-        if len(outcome.files) > limits.max_files:
-            notes.append(
-                f"{len(outcome.files) - limits.max_files} files over MCP_SANDBOX_MAX_OUTPUT_FILES left out"
-            )
-        result.files, result.figures, result.notes = listed, len(result.artifacts.figures), notes
-
 
 class Backend(ABC):
-    """Makes ready-to-use executors of one kind."""
+    """Makes ready-to-use executors of one kind, all with the same limits and hooks."""
 
     name: ClassVar[str]
+
+    def __init__(self, settings: Settings, hooks: ExecutorHooks) -> None:
+        self._settings = settings
+        self._limits = ExecutorLimits.from_settings(settings)
+        self._hooks = hooks
 
     async def prepare(self) -> None:  # noqa: B027 - an optional hook, not every backend has set-up
         """One-time set-up before the first `start` (fetching a runtime, say)."""
@@ -238,3 +294,10 @@ class Backend(ABC):
     @abstractmethod
     def describe(self) -> str:
         """One sentence for the tool description: what the sandbox is and what it allows."""
+
+
+def prepare_workspace(workdir: Path, data_dir: Path | None) -> None:
+    """A CPython sandbox's working directory: output/ to write results to, data/ linking the host's data."""
+    (workdir / OUTPUT_DIR).mkdir(exist_ok=True)
+    if data_dir is not None and not (workdir / DATA_DIR).exists():
+        (workdir / DATA_DIR).symlink_to(data_dir, target_is_directory=True)

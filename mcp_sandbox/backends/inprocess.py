@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import itertools
+import json
 import logging
 import os
 import queue
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from io import StringIO, TextIOBase
@@ -28,11 +29,17 @@ from typing import Any, ClassVar, TextIO
 
 import anyio
 
-from mcp_sandbox.backends import guest_runtime
-from mcp_sandbox.backends.base import Backend, Executor, RunRequest, SandboxDied
-from mcp_sandbox.backends.workspace import prepare_workspace, read_output_file
-from mcp_sandbox.bridge.upstreams import reply_error
-from mcp_sandbox.result import GuestFile, GuestOutcome
+from mcp_sandbox.backends import guest
+from mcp_sandbox.backends.base import (
+    Backend,
+    Executor,
+    ExecutorHooks,
+    ExecutorLimits,
+    SandboxDied,
+    prepare_workspace,
+)
+from mcp_sandbox.protocol import GuestFile, GuestOutcome, reply_error
+from mcp_sandbox.result import GUEST_OUTCOME, read_output_file
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -85,15 +92,15 @@ def routed_stream(name: str) -> ThreadRoutedStream:
         return current
 
 
-class ThreadSession(guest_runtime.Session):
-    """A guest session whose output is captured per thread, since the server's other threads
+class ThreadInterpreter(guest.Interpreter):
+    """A guest interpreter whose output is captured per thread, since the server's other threads
     (and other sessions) share sys.stdout."""
 
-    # Every in-process session shares the server's working directory, so output/ is rescanned.
+    # Every in-process interpreter shares the server's working directory, so output/ is rescanned.
     private_output = False
 
     @contextmanager
-    def capturing(self, stdout: guest_runtime.CappedText, stderr: guest_runtime.CappedText) -> Iterator[None]:
+    def capturing(self, stdout: guest.CappedText, stderr: guest.CappedText) -> Iterator[None]:
         # Looked up on every run: a program may have replaced sys.stdout with its own object.
         streams: list[tuple[ThreadRoutedStream, Stream]] = [
             (routed_stream("stdout"), stdout),
@@ -116,74 +123,13 @@ def raise_in_thread(thread_id: int, error: type[BaseException] | None) -> None:
     )
 
 
-class HostTransport:
-    """Carries a session thread's bridged tool calls to the server's event loop and back."""
-
-    def __init__(self, executor: InProcessExecutor) -> None:
-        self._executor = executor
-        self._numbers = itertools.count(1)
-
-    def _request(self, server: str, tool: str, arguments: str, resolve: Callable[[str], None]) -> None:
-        call = next(self._numbers)
-
-        async def deliver(_call: int, reply: str) -> None:
-            resolve(reply)
-
-        # A coroutine, not a plain callback: anyio starts tasks only from inside a task.
-        async def begin() -> None:  # on the server's loop
-            try:
-                self._executor.tool_calls.start(call, server, tool, arguments, deliver)
-            except RuntimeError:  # the execution's task group has closed
-                resolve(reply_error("the execution ended before this tool call started"))
-
-        loop = self._executor.host_loop
-        starting = begin()
-        try:
-            if loop is None:
-                raise RuntimeError("no execution is running")
-            asyncio.run_coroutine_threadsafe(starting, loop)
-        except RuntimeError as error:
-            starting.close()
-            resolve(reply_error(f"the tool call could not reach the server: {error}"))
-
-    def progress(self, line: str) -> None:
-        self._executor.latest_line = line  # read by the server's progress reports
-
-    def call_sync(self, server: str, tool: str, arguments: str) -> str:
-        replies: list[str] = []
-        done = threading.Event()
-
-        def resolve(reply: str) -> None:
-            replies.append(reply)
-            done.set()
-
-        self._request(server, tool, arguments, resolve)
-        # A timeout cancels the call on the host, whose reply ends this wait; then the interrupt lands.
-        done.wait()
-        return replies[0]
-
-    def call_async(self, server: str, tool: str, arguments: str) -> asyncio.Future[str]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[str] = loop.create_future()
-
-        def settle(reply: str) -> None:
-            if not future.done():
-                future.set_result(reply)
-
-        def resolve(reply: str) -> None:
-            with suppress(RuntimeError):  # the session's loop is closed: nobody is waiting
-                loop.call_soon_threadsafe(settle, reply)
-
-        self._request(server, tool, arguments, resolve)
-        return future
-
-
 @dataclass(eq=False)
 class _Job:
-    request: RunRequest
+    code: str
+    tools_manifest: str | None
     host_loop: asyncio.AbstractEventLoop
     done: anyio.Event = field(default_factory=anyio.Event)
-    outcome: dict[str, Any] | None = None
+    outcome: GuestOutcome | None = None
 
     def wake_host(self) -> None:
         """Called on the executor thread when the outcome is in."""
@@ -197,21 +143,21 @@ class InProcessExecutor(Executor):
 
     backend: ClassVar[str] = "inprocess"
 
-    def __init__(self, name: str, workdir: Path | None = None) -> None:
-        self._workdir = workdir or Path.cwd()
-        self._session = ThreadSession()
+    def __init__(self, limits: ExecutorLimits, hooks: ExecutorHooks, name: str, workdir: Path) -> None:
+        super().__init__(limits, hooks)
+        self._workdir = workdir
+        self._channel = guest.ToolChannel(self._from_guest)
+        self._interpreter = ThreadInterpreter(limits.guest, self._channel)
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._job: _Job | None = None
         # Guards `_running` and `_task`, so an interrupt can never land after the program ended.
         self._state = threading.Lock()
         self._running = False
         self._interrupted = False
-        self._task: asyncio.Task[dict[str, Any]] | None = None
+        self._task: asyncio.Task[GuestOutcome] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self._transport = HostTransport(self)
-        self._session.report_line = self._transport.progress
-        self.host_loop: asyncio.AbstractEventLoop | None = None
+        self._host_loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -219,11 +165,11 @@ class InProcessExecutor(Executor):
     def alive(self) -> bool:
         return not self._closed and self._thread.is_alive()
 
-    async def _submit(self, request: RunRequest) -> None:
+    async def _submit(self, code: str, tools_manifest: str | None) -> None:
         if not self.alive:
             raise SandboxDied("the in-process session thread is gone")
-        self.host_loop = asyncio.get_running_loop()
-        job = _Job(request, self.host_loop)
+        self._host_loop = asyncio.get_running_loop()
+        job = _Job(code, tools_manifest, self._host_loop)
         self._job = job
         self._jobs.put(job)
 
@@ -233,10 +179,41 @@ class InProcessExecutor(Executor):
         await job.done.wait()
         if job.outcome is None:
             raise SandboxDied("the in-process session thread failed")
-        return GuestOutcome.model_validate(job.outcome)
+        return GUEST_OUTCOME.validate_python(job.outcome)
 
-    def _output_file_bytes(self, file: GuestFile, path: str) -> bytes | None:
+    def _read_output_file(self, file: GuestFile, path: str) -> bytes | None:
         return read_output_file(self._workdir, path)
+
+    def _from_guest(self, payload: str) -> None:
+        """A RunnerMessage from the guest's ToolChannel, on the session thread: it goes to the
+        server's loop, as a process's line would."""
+        message = json.loads(payload)
+        loop = self._host_loop
+        if message["type"] == "progress":
+            if loop is not None:
+                with suppress(RuntimeError):  # the server is shutting down
+                    loop.call_soon_threadsafe(self.hooks.progress, self, message["line"])
+            return
+        call = message["call"]
+
+        async def deliver(_call: int, reply: str) -> None:
+            self._channel.deliver(call, reply)
+
+        # A coroutine, not a plain callback: anyio starts tasks only from inside a task.
+        async def begin() -> None:  # on the server's loop
+            try:
+                self._start_tool_call(call, message["server"], message["tool"], message["arguments"], deliver)
+            except RuntimeError:  # the execution's task group has closed
+                self._channel.deliver(call, reply_error("the execution ended before this tool call started"))
+
+        starting = begin()
+        try:
+            if loop is None:
+                raise RuntimeError("no execution is running")
+            asyncio.run_coroutine_threadsafe(starting, loop)
+        except RuntimeError as error:
+            starting.close()
+            self._channel.deliver(call, reply_error(f"the tool call could not reach the server: {error}"))
 
     async def interrupt(self) -> None:
         self._interrupt()
@@ -273,19 +250,18 @@ class InProcessExecutor(Executor):
                 try:
                     job.outcome = self._execute(job)
                 except BaseException as error:  # noqa: BLE001 - an interrupt that landed outside the program
-                    job.outcome = job.outcome or _interrupted_outcome(error)
+                    job.outcome = job.outcome or guest.interrupted_outcome(error)
                 job.wake_host()
         finally:
             self._loop.close()
 
-    def _execute(self, job: _Job) -> dict[str, Any]:
+    def _execute(self, job: _Job) -> GuestOutcome:
         with self._state:
             self._running, self._interrupted = True, False
         try:
-            request = job.request
-            if request.tools_manifest is not None:
-                self._session.install_tools(request.tools_manifest, self._transport)
-            outcome = self._session.run(request.code, request.max_output_chars, request.output.message())
+            if job.tools_manifest is not None:
+                self._interpreter.install_tools(job.tools_manifest)
+            outcome = self._interpreter.run(job.code)
             if not isinstance(outcome, dict):
                 outcome = self._finish_async(outcome)
             if self._interrupted and outcome["error_type"] == "CancelledError":
@@ -297,7 +273,7 @@ class InProcessExecutor(Executor):
                 if self._thread.ident is not None:
                     raise_in_thread(self._thread.ident, None)
 
-    def _finish_async(self, pending: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    def _finish_async(self, pending: Coroutine[Any, Any, GuestOutcome]) -> GuestOutcome:
         assert self._loop is not None
         task = self._loop.create_task(pending)
         with self._state:
@@ -315,15 +291,11 @@ class InProcessExecutor(Executor):
                 self._task = None
 
 
-def _interrupted_outcome(error: BaseException) -> dict[str, Any]:
-    return {"success": False, "error_type": type(error).__name__, "error": f"{type(error).__name__}"}
-
-
 class InProcessBackend(Backend):
     name: ClassVar[str] = "inprocess"
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+    def __init__(self, settings: Settings, hooks: ExecutorHooks) -> None:
+        super().__init__(settings, hooks)
         self._numbers = itertools.count(1)
         self.workdir = Path.cwd()
 
@@ -338,10 +310,11 @@ class InProcessBackend(Backend):
         os.chdir(self.workdir)
         os.environ.setdefault("MPLBACKEND", "Agg")
         if self._settings.data_dir is not None:
-            guest_runtime.protect_read_only(str(self._settings.data_dir))
+            guest.protect_read_only(str(self._settings.data_dir))
 
     async def start(self) -> Executor:
-        return InProcessExecutor(f"mcp-sandbox-inprocess-{next(self._numbers)}", self.workdir)
+        name = f"mcp-sandbox-inprocess-{next(self._numbers)}"
+        return InProcessExecutor(self._limits, self._hooks, name, self.workdir)
 
     def describe(self) -> str:
         return (

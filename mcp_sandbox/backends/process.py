@@ -1,4 +1,5 @@
-"""Host side of a sandbox that is a child process speaking the runner protocol (protocol.py)."""
+"""Host side of a sandbox that is a child process speaking the runner protocol (protocol.py):
+the Pyodide runner and the CPython worker."""
 
 from __future__ import annotations
 
@@ -6,26 +7,50 @@ import logging
 import secrets
 import signal
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from pydantic import ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
-from mcp_sandbox.backends import guest_runtime, protocol
-from mcp_sandbox.backends.base import Executor, RunRequest, SandboxDied, SandboxStartError
-from mcp_sandbox.result import GuestOutcome
+from mcp_sandbox import protocol
+from mcp_sandbox.backends.base import (
+    Executor,
+    ExecutorHooks,
+    ExecutorLimits,
+    SandboxDied,
+    SandboxStartError,
+)
+from mcp_sandbox.protocol import GuestOutcome, RunnerMessage
 
 logger = logging.getLogger(__name__)
 
-GUEST_RUNTIME_SOURCE = Path(guest_runtime.__file__).read_text(encoding="utf-8")
+#: What a runner loads before anything else, in order: the protocol, then the guest runtime.
+GUEST_MODULES: list[tuple[str, str]] = [
+    ("mcp_sandbox.protocol", Path(protocol.__file__).read_text(encoding="utf-8")),
+    ("mcp_sandbox.backends.guest", Path(__file__).with_name("guest.py").read_text(encoding="utf-8")),
+]
 STDERR_TAIL_BYTES = 4096
 MB = 1024 * 1024
 #: Seconds between two looks at a sandbox's resident memory.
 MEMORY_POLL = 0.1
+
+#: Validates what a runner sends (refusing any field the protocol does not name).
+RUNNER_MESSAGE: TypeAdapter[RunnerMessage] = TypeAdapter(
+    Annotated[RunnerMessage, Field(discriminator="type")]
+)
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A genuine runner line whose message does not match the protocol."""
+
+    kind: object
+    id: object
 
 
 def resident_bytes(pid: int) -> int | None:
@@ -68,28 +93,34 @@ class ProcessExecutor(Executor):
     stdin and stdout. Subclasses name the backend and may interrupt differently."""
 
     def __init__(
-        self, process: anyio.abc.Process, max_output_chars: int, max_artifact_bytes: int = 0
+        self,
+        process: anyio.abc.Process,
+        limits: ExecutorLimits,
+        hooks: ExecutorHooks,
+        **folders: str,
     ) -> None:
+        """`folders`: the host folders the sandbox reads, as the `init` message names them."""
+        super().__init__(limits, hooks)
         self._process = process
         self._token = secrets.token_hex(16)
-        self._max_line = protocol.max_line_bytes(max_output_chars, max_artifact_bytes)
-        self._send_messages: MemoryObjectSendStream[dict[str, Any]]
-        self._messages: MemoryObjectReceiveStream[dict[str, Any]]
-        self._send_messages, self._messages = anyio.create_memory_object_stream[dict[str, Any]](16)
+        self._max_line = protocol.max_line_bytes(limits.max_output_chars, limits.guest["output"]["max_bytes"])
+        self._send_messages: MemoryObjectSendStream[RunnerMessage | Malformed]
+        self._messages: MemoryObjectReceiveStream[RunnerMessage | Malformed]
+        self._send_messages, self._messages = anyio.create_memory_object_stream[RunnerMessage | Malformed](16)
         self._stdin_lock = anyio.Lock()
         self._stderr_tail: deque[bytes] = deque()
         self._stderr_len = 0
         self._run_id = 0
         self._closed = False
-        #: The `init` message; a backend may add the host folders the sandbox reads.
-        self.init_message: protocol.InitMessage = {
+        self._init: protocol.InitMessage = {
             "type": "init",
             "token": self._token,
-            "guest_runtime": GUEST_RUNTIME_SOURCE,
+            "guest_modules": GUEST_MODULES,
+            "limits": limits.guest,
+            **folders,  # type: ignore[typeddict-item]
         }
         self._death: str | None = None
         self._over_memory = False
-        self.forged_lines = 0
 
     @property
     def alive(self) -> bool:
@@ -100,47 +131,41 @@ class ProcessExecutor(Executor):
         return self._process.pid
 
     async def initialize(self) -> None:
-        await self._send(self.init_message)
+        await self._send(self._init)
         message = await self._next_message()
-        if message.get("type") != "ready":
-            raise SandboxDied(str(message.get("message", message)))
-        logger.debug("%s sandbox %d ready", self.backend, self.pid)
+        if isinstance(message, Malformed) or message["type"] != "ready":
+            raise SandboxDied(str(message.get("message", message) if isinstance(message, dict) else message))
+        logger.debug("%s sandbox %d ready in %d ms", self.backend, self.pid, message["load_ms"])
 
-    async def _submit(self, request: RunRequest) -> None:
+    async def _submit(self, code: str, tools_manifest: str | None) -> None:
         self._drain_stale_messages()
         self._run_id += 1
-        message: protocol.RunMessage = {
-            "type": "run",
-            "id": self._run_id,
-            "code": request.code,
-            "max_output_chars": request.max_output_chars,
-            "output": request.output.message(),
-        }
-        if request.tools_manifest is not None:
-            message["tools"] = request.tools_manifest
+        message: protocol.RunMessage = {"type": "run", "id": self._run_id, "code": code}
+        if tools_manifest is not None:
+            message["tools"] = tools_manifest
         await self._send(message)
 
     async def _await_outcome(self) -> GuestOutcome:
         while True:
             message = await self._next_message()
-            kind, run_id = message.get("type"), message.get("id")
-            if kind == "result" and run_id == self._run_id:
-                try:
-                    return GuestOutcome.model_validate(message.get("outcome"))
-                except ValidationError:
-                    raise SandboxDied("the sandbox sent a malformed result") from None
-            if kind == "crashed" and run_id == self._run_id:
-                raise SandboxDied(f"the sandbox crashed: {message.get('message')}")
-            if kind == "fatal":
-                raise SandboxDied(f"the sandbox runner failed: {message.get('message')}")
-            if kind == "progress":
-                self.latest_line = str(message.get("line"))[:200]
-            if kind == "tool_call" and isinstance(call := message.get("call"), int):
-                self.tool_calls.start(
-                    call,
-                    str(message.get("server")),
-                    str(message.get("tool")),
-                    str(message.get("arguments")),
+            if isinstance(message, Malformed):
+                if message.kind == "result" and message.id == self._run_id:
+                    raise SandboxDied("the sandbox sent a malformed result")
+                continue
+            if message["type"] == "result" and message["id"] == self._run_id:
+                return message["outcome"]
+            if message["type"] == "crashed" and message["id"] == self._run_id:
+                raise SandboxDied(f"the sandbox crashed: {message['message']}")
+            if message["type"] == "fatal":
+                raise SandboxDied(f"the sandbox runner failed: {message['message']}")
+            if message["type"] == "progress":
+                self.hooks.progress(self, message["line"][: protocol.MAX_PROGRESS_LINE_CHARS])
+            if message["type"] == "tool_call":
+                self._start_tool_call(
+                    message["call"],
+                    message["server"],
+                    message["tool"],
+                    message["arguments"],
                     self._deliver_tool_result,
                 )
             # Anything else is stale or forged by the sandbox itself: it only concerns this run.
@@ -182,7 +207,7 @@ class ProcessExecutor(Executor):
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             raise SandboxDied(self._death_reason()) from None
 
-    async def _next_message(self) -> dict[str, Any]:
+    async def _next_message(self) -> RunnerMessage | Malformed:
         try:
             return await self._messages.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
@@ -195,11 +220,10 @@ class ProcessExecutor(Executor):
         try:
             while True:
                 line = await reader.receive_until(b"\n", self._max_line)
-                message = protocol.open_envelope(line, self._token)
-                if message is None:
-                    self.forged_lines += 1
-                    continue
-                await self._send_messages.send(message)
+                raw = protocol.open_envelope(line, self._token)
+                if raw is None:
+                    continue  # not from the runner: forged by the sandbox
+                await self._send_messages.send(_parse(raw))
         except anyio.DelimiterNotFound:
             self._death = "the sandbox wrote a line longer than the protocol allows"
             self._process.kill()
@@ -267,3 +291,10 @@ class ProcessExecutor(Executor):
         if "out of memory" in tail.lower() or "heap limit" in tail.lower():
             return SandboxDied(f"{reason}: out of memory{tail}", "MemoryLimit")
         return SandboxDied(reason + tail)
+
+
+def _parse(raw: dict[str, Any]) -> RunnerMessage | Malformed:
+    try:
+        return RUNNER_MESSAGE.validate_python(raw)
+    except ValidationError:
+        return Malformed(raw.get("type"), raw.get("id"))

@@ -18,7 +18,7 @@ import anyio
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from mcp_sandbox.bridge.catalog import JSON_TYPES, LOCAL_SERVER, ParamSpec, ToolSpec
-from mcp_sandbox.bridge.upstreams import MAX_REPLY_BYTES, reply_error, reply_ok
+from mcp_sandbox.protocol import MAX_TOOL_REPLY_CHARS, reply_error, reply_ok
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +99,9 @@ class LocalTools:
             reply = reply_ok(to_jsonable_python(value))
         except (PydanticSerializationError, TypeError, ValueError) as error:
             return reply_error(f"local tool {name} returned a value that is not JSON data: {error}")
-        if len(reply) > MAX_REPLY_BYTES:
+        if len(reply) > MAX_TOOL_REPLY_CHARS:
             return reply_error(
                 f"local tool {name} returned {len(reply):,} characters; the bridge passes at most "
-                f"{MAX_REPLY_BYTES:,}"
+                f"{MAX_TOOL_REPLY_CHARS:,}"
             )
         return reply

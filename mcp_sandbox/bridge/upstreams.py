@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -21,29 +21,20 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent
+from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
 
 from mcp_sandbox.bridge.catalog import LOCAL_SERVER, ToolSpec, python_name, search, tool_spec
 from mcp_sandbox.bridge.config import BridgeConfig, StdioUpstream, Upstream
-
-if TYPE_CHECKING:  # local.py imports this module's reply helpers
-    from mcp_sandbox.bridge.local import LocalTools
+from mcp_sandbox.bridge.local import LocalTools
+from mcp_sandbox.protocol import MAX_TOOL_REPLY_CHARS, reply_error, reply_ok
+from mcp_sandbox.retry import Backoff
 
 logger = logging.getLogger(__name__)
 
-#: Largest reply (JSON bytes) a bridged call may hand to the sandbox.
-MAX_REPLY_BYTES = 8 * 1024 * 1024
 #: How long a call waits for an upstream that is reconnecting.
 RECONNECT_WAIT = 5.0
-MAX_BACKOFF = 30.0
-
-
-def reply_ok(value: Any) -> str:
-    return json.dumps({"ok": True, "value": value}, ensure_ascii=False)
-
-
-def reply_error(message: str) -> str:
-    return json.dumps({"ok": False, "error": message}, ensure_ascii=False)
+#: Pages of tools/list read at most, so a server that loops its cursor cannot hang us.
+MAX_TOOL_PAGES = 100
 
 
 @asynccontextmanager
@@ -65,10 +56,23 @@ async def connect_upstream(config: Upstream) -> AsyncIterator[Client]:
             yield client
 
 
+async def list_all_tools(client: Client) -> list[Tool]:
+    """Every tool an upstream lists, across its pages."""
+    tools: list[Tool] = []
+    cursor: str | None = None
+    for _ in range(MAX_TOOL_PAGES):
+        listing = await client.list_tools(cursor=cursor)
+        tools += listing.tools
+        cursor = listing.next_cursor
+        if not cursor:
+            break
+    return tools
+
+
 class UpstreamConnection:
     """One upstream server, kept connected by `maintain` and reconnected after it fails."""
 
-    def __init__(self, name: str, name_py: str, config: Upstream, on_change: Any) -> None:
+    def __init__(self, name: str, name_py: str, config: Upstream, on_change: Callable[[], None]) -> None:
         self.name = name
         self.name_py = name_py
         self.config = config
@@ -85,31 +89,25 @@ class UpstreamConnection:
     async def _list_tools(self, client: Client) -> list[ToolSpec]:
         specs: list[ToolSpec] = []
         taken: set[str] = set()
-        cursor: str | None = None
-        for _ in range(100):  # pages; bounded so a server that loops its cursor cannot hang us
-            listing = await client.list_tools(cursor=cursor)
-            for tool in listing.tools:
-                name_py = python_name(tool.name, taken)
-                taken.add(name_py + "_async")  # each tool's async twin takes that name too
-                specs.append(
-                    tool_spec(
-                        self.name,
-                        self.name_py,
-                        tool.name,
-                        name_py,
-                        tool.description,
-                        tool.input_schema,
-                        tool.output_schema,
-                    )
+        for tool in await list_all_tools(client):
+            name_py = python_name(tool.name, taken)
+            taken.add(name_py + "_async")  # each tool's async twin takes that name too
+            specs.append(
+                tool_spec(
+                    self.name,
+                    self.name_py,
+                    tool.name,
+                    name_py,
+                    tool.description,
+                    tool.input_schema,
+                    tool.output_schema,
                 )
-            cursor = listing.next_cursor
-            if not cursor:
-                break
+            )
         return specs
 
     async def maintain(self) -> None:
         """Connect, list the tools, wait until the connection breaks, and start again."""
-        backoff = 0.5
+        backoff = Backoff()
         while True:
             try:
                 async with self._open() as client:
@@ -118,19 +116,23 @@ class UpstreamConnection:
                     self._on_change()
                     logger.info("upstream %r connected: %d tools", self.name, len(self.specs))
                     self._connected.set()
-                    backoff = 0.5
+                    backoff.succeeded()
                     await self._broken.wait()
             except Exception as error:  # noqa: BLE001 - any failure of an upstream means reconnect
                 self.last_error = _describe(error)
+                backoff.failed()
                 logger.warning(
-                    "upstream %r unavailable (%s); retrying in %.1f s", self.name, self.last_error, backoff
+                    "upstream %r unavailable (%s); retrying in %.1f s",
+                    self.name,
+                    self.last_error,
+                    backoff.delay,
                 )
             finally:
                 self.client = None
                 self._connected = anyio.Event()
                 self._broken = anyio.Event()
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF)
+            # A connection that broke after working is retried after the shortest wait.
+            await anyio.sleep(backoff.delay or backoff.first)
 
     async def wait_connected(self, limit: float) -> Client | None:
         with anyio.move_on_after(limit):
@@ -262,10 +264,10 @@ class ToolBridge:
             reply = reply_ok(_tool_value(result, spec))
         except (TypeError, ValueError) as error:
             return reply_error(f"{conn.name}.{spec.name} returned data that is not JSON: {error}")
-        if len(reply) > MAX_REPLY_BYTES:
+        if len(reply) > MAX_TOOL_REPLY_CHARS:
             return reply_error(
                 f"{conn.name}.{spec.name} returned {len(reply):,} characters; the bridge passes at most "
-                f"{MAX_REPLY_BYTES:,}"
+                f"{MAX_TOOL_REPLY_CHARS:,}"
             )
         return reply
 

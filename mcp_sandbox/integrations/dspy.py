@@ -44,8 +44,9 @@ except ImportError as missing:  # pragma: no cover - depends on the environment
         'mcp_sandbox.integrations.dspy needs DSPy: pip install "mcp-sandbox[dspy]"'
     ) from missing
 
-from mcp_sandbox.bridge.upstreams import MAX_REPLY_BYTES
+from mcp_sandbox.app import InvalidRequest
 from mcp_sandbox.pool import PoolUnavailable
+from mcp_sandbox.protocol import MAX_TOOL_REPLY_CHARS
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.sessions import SessionLimitReached
@@ -168,9 +169,9 @@ def _jsonable(name: str, value: Any) -> Any:
             f"variable {name!r} ({type(value).__name__}) cannot cross into the sandbox: values must be "
             f"JSON data (str, numbers, bool, None, lists, dicts, or models that dump to them): {error}"
         ) from None
-    if size > MAX_REPLY_BYTES:
+    if size > MAX_TOOL_REPLY_CHARS:
         raise CodeInterpreterError(
-            f"variable {name!r} is {size:,} characters as JSON; at most {MAX_REPLY_BYTES:,} can cross"
+            f"variable {name!r} is {size:,} characters as JSON; at most {MAX_TOOL_REPLY_CHARS:,} can cross"
         )
     return data
 
@@ -361,6 +362,8 @@ class SandboxInterpreter:
         run = functools.partial(runtime.sandbox.run, code, session_id=SESSION_ID)
         try:
             return runtime.portal.call(run)
+        except InvalidRequest as error:  # the code is over a limit: the program's to fix
+            raise CodeExecutionError(str(error)) from None
         except (PoolUnavailable, SessionLimitReached, RuntimeError) as error:
             self._end()
             raise CodeInterpreterError(f"the sandbox is unavailable: {error}") from error

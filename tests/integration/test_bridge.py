@@ -123,7 +123,7 @@ async def test_upstream_error_raises_tool_error_with_its_message(client: Client)
     result = await call(client, "tools.calc.fail(message='the upstream says no')")
     assert result["error_type"] == "ToolError"
     assert "the upstream says no" in result["error"]
-    assert "guest_runtime" not in result["error"]
+    assert "mcp_sandbox" not in result["error"]
     caught = await call(
         client, "try:\n    tools.calc.fail(message='x')\nexcept ToolError as e:\n    r = 'caught'\nr"
     )

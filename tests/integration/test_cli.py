@@ -15,6 +15,8 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
+from mcp_sandbox.settings import Settings
+
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINT = Path(sys.executable).with_name("mcp-sandbox")
 CALC_ARGS = ["-m", "tests.upstreams.calc_server"]
@@ -281,3 +283,22 @@ def test_doctor_reports_invalid_settings(tmp_path: Path) -> None:
         "✗",
         f"MCP_SANDBOX_DATA_DIR: Value error, {tmp_path / 'missing'} is not a folder",
     )
+
+
+@pytest.mark.parametrize("command", ["serve", "run"])
+def test_every_setting_is_a_flag_with_its_help(tmp_path: Path, command: str) -> None:
+    done = cli(command, "--help", cwd=tmp_path, timeout=30)
+    assert done.returncode == 0, done.stderr
+    for name, field in Settings.model_fields.items():
+        assert f"--{name.replace('_', '-')} " in done.stdout, f"--{name} is missing"
+        words = (field.description or "").split()[:4]
+        assert " ".join(words) in " ".join(done.stdout.split()), f"--{name} has no help"
+    assert "{auto,pyodide,subprocess,inprocess}" in done.stdout, "choices come from the model"
+
+
+def test_a_flag_wins_over_the_environment(tmp_path: Path) -> None:
+    hello = program(tmp_path, "import sys\nprint(sys.platform)")
+    done = cli("run", "--backend", "subprocess", hello, cwd=tmp_path, MCP_SANDBOX_BACKEND="pyodide")
+    assert (done.returncode, done.stdout) == (0, "linux\n"), done.stderr
+    bad = cli("serve", "--timeout", "-1", cwd=tmp_path, timeout=30)
+    assert bad.returncode == 2 and "invalid setting: MCP_SANDBOX_TIMEOUT" in bad.stderr, bad.stderr

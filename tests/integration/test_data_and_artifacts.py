@@ -163,7 +163,7 @@ async def test_a_missing_pyodide_package_says_how_to_get_it(client: Client, back
     needs_pyodide(backend, "the CPython backends import only what the host has installed")
     result = await call(client, "import numpy")
     assert result["error_type"] == "ModuleNotFoundError"
-    assert any("mcp-sandbox warmup --packages" in note for note in result["notes"]), result["notes"]
+    assert any("mcp-sandbox fetch --packages" in note for note in result["notes"]), result["notes"]
 
 
 async def test_a_long_execution_reports_progress(client: Client) -> None:

@@ -88,7 +88,7 @@ async def test_exception_gives_its_type_and_a_traceback_of_user_frames_only(clie
     assert result["stdout"] == "before\n"
     error = result["error"]
     assert "return 1 / 0" in error and "inner()" in error
-    assert "guest_runtime" not in error and "pyodide" not in error.lower() and "worker" not in error
+    assert "mcp_sandbox" not in error and "pyodide" not in error.lower() and "worker" not in error
 
 
 async def test_syntax_error_is_reported(client: Client) -> None:

@@ -29,9 +29,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_contains_the_runner(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("runner.ts", "worker.ts", "deno.json"):
-        assert f"mcp_sandbox/deno/{name}" in names
-    assert "mcp_sandbox/backends/guest_runtime.py" in names
+    for name in ("runner.ts", "worker.ts", "protocol.ts", "options.ts", "snapshot.ts", "deno.json"):
+        assert f"mcp_sandbox/backends/pyodide/{name}" in names
+    assert "mcp_sandbox/backends/guest.py" in names and "mcp_sandbox/protocol.py" in names
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,8 @@ def test_the_wheel_provides_mcp_sandbox_and_its_runner(venv: Path, tmp_path: Pat
         [
             str(venv / "bin" / "python"),
             "-c",
-            "import json, mcp_sandbox; from mcp_sandbox.backends.pyodide import runner_dir; "
-            "print(json.dumps([mcp_sandbox.__file__, str(runner_dir())]))",
+            "import json, mcp_sandbox; from mcp_sandbox.backends.pyodide import RUNNER_DIR; "
+            "print(json.dumps([mcp_sandbox.__file__, str(RUNNER_DIR)]))",
         ],
         cwd=tmp_path,
         env=outside_the_checkout(),
@@ -88,7 +88,7 @@ def test_the_wheel_provides_mcp_sandbox_and_its_runner(venv: Path, tmp_path: Pat
     )
     package, runner = map(Path, json.loads(where.stdout))
     assert package.is_relative_to(venv) and runner.is_relative_to(venv), (package, runner)
-    assert runner == package.parent / "deno"
+    assert runner == package.parent / "backends" / "pyodide"
 
 
 def test_the_installed_command_runs_code_on_pyodide(venv: Path, tmp_path: Path) -> None:
@@ -105,5 +105,7 @@ def test_the_installed_command_runs_code_on_pyodide(venv: Path, tmp_path: Path) 
     )
     assert done.returncode == 0, done.stderr
     worker_url, value = done.stdout.splitlines()
-    assert worker_url.startswith(f"file://{venv}/") and worker_url.endswith("/mcp_sandbox/deno/worker.ts")
+    assert worker_url.startswith(f"file://{venv}/") and worker_url.endswith(
+        "/mcp_sandbox/backends/pyodide/worker.ts"
+    )
     assert value == "('emscripten', 45)"

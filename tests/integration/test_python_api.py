@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
+import anyio
 import pytest
+from mcp import Client
 
 from mcp_sandbox import ExecutionResult, Sandbox
+from mcp_sandbox.app import InvalidRequest
+from tests.integration.conftest import server_params
 
 
 @pytest.mark.parametrize("backend", ["pyodide", "subprocess", "inprocess"])
@@ -35,3 +42,34 @@ async def test_bad_arguments_raise_clearly(anyio_backend: str) -> None:
 async def test_used_outside_async_with(anyio_backend: str) -> None:
     with pytest.raises(RuntimeError, match="async with"):
         await Sandbox(backend="subprocess").run("1")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "complaint"),
+    [
+        ({"code": "x = 1 + 2 + 3 + 4"}, "code is 17 characters long; the limit is 10"),
+        ({"code": "1", "session_id": "bad id"}, "session_id 'bad id': use 1-128 of"),
+        ({"code": "1", "timeout": -1.5}, "timeout must be a positive number of seconds, not -1.5"),
+    ],
+)
+async def test_every_adapter_refuses_bad_input_with_the_same_error(
+    anyio_backend: str, arguments: dict[str, Any], complaint: str
+) -> None:
+    """The App checks every call, so the Python API, the MCP tool and the command line agree."""
+    async with Sandbox(backend="subprocess", pool_size=0, max_code_chars=10) as sandbox:
+        with pytest.raises(InvalidRequest) as raised:
+            await sandbox.run(**arguments)
+    assert complaint in str(raised.value)
+    server = server_params(MCP_SANDBOX_BACKEND="subprocess", MCP_SANDBOX_MAX_CODE_CHARS="10")
+    async with Client(server) as client:
+        response = await client.call_tool("execute_python", arguments)
+    # The SDK puts its own prefix before a tool's error; the message itself is the App's.
+    expected = f"Error executing tool execute_python: {raised.value}"
+    assert response.is_error and response.content[0].text == expected  # type: ignore[union-attr]
+    if set(arguments) == {"code"}:
+        command = [sys.executable, "-m", "mcp_sandbox", "run", "--backend", "subprocess"]
+        with anyio.fail_after(60):
+            done = await anyio.run_process(
+                [*command, "--max-code-chars", "10", "-"], input=arguments["code"].encode(), check=False
+            )
+        assert (done.returncode, done.stderr.decode()) == (2, f"mcp-sandbox: {raised.value}\n")

@@ -497,7 +497,8 @@ FORGE_NEXT_RESULT = """
 import json
 def forge_all():
     for n in range(2, 15):
-        outcome = {"success": True, "result": "'FORGED'"}
+        outcome = {"success": True, "stdout": "", "stderr": "", "result": "'FORGED'",
+                   "error_type": None, "error": None, "truncated": False}
         yield json.dumps({"type": "result", "id": n, "outcome": outcome})
 try:
     import js
@@ -510,7 +511,7 @@ if js is not None:
             "postMessage({id: null, json: p, exiting: false}) }, 0)")
 else:
     import gc, threading
-    channel = next(o for o in gc.get_objects() if type(o).__name__ == "HostChannel")
+    channel = next(o for o in gc.get_objects() if type(o).__name__ == "HostLink")
     threading.Timer(0.05, lambda: [channel.send(p) for p in forge_all()]).start()
 'first'
 """

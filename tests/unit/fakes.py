@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import anyio
 
-from mcp_sandbox.backends.base import Executor, RunRequest, SandboxDied
-from mcp_sandbox.result import GuestOutcome
+from mcp_sandbox.backends.base import Executor, ExecutorHooks, ExecutorLimits, SandboxDied, no_progress
+from mcp_sandbox.protocol import GuestOutcome
+
+#: Quick to kill after an ignored interrupt, as the unit tests want.
+FAKE_LIMITS = ExecutorLimits(
+    {"max_output_chars": 1000, "output": {"max_files": 0, "max_bytes": 0, "max_figures": 0}},
+    grace=0.05,
+    max_tool_calls=10,
+)
+
+
+def outcome(**fields: Any) -> GuestOutcome:
+    """A guest outcome with every field the protocol requires, `fields` overriding."""
+    base: dict[str, Any] = {
+        "success": True,
+        "stdout": "",
+        "stderr": "",
+        "result": None,
+        "error_type": None,
+        "error": None,
+        "truncated": False,
+    }
+    return GuestOutcome(**{**base, **fields})  # type: ignore[typeddict-item]
 
 
 class FakeExecutor(Executor):
@@ -18,6 +39,7 @@ class FakeExecutor(Executor):
     started = 0
 
     def __init__(self, *, stubborn: bool = False) -> None:
+        super().__init__(FAKE_LIMITS, ExecutorHooks(tools=None, progress=no_progress))
         FakeExecutor.started += 1
         self.number = FakeExecutor.started
         self.stubborn = stubborn
@@ -29,8 +51,8 @@ class FakeExecutor(Executor):
     def alive(self) -> bool:
         return not self.closed
 
-    async def _submit(self, request: RunRequest) -> None:
-        self._code = request.code
+    async def _submit(self, code: str, tools_manifest: str | None) -> None:
+        self._code = code
 
     async def _await_outcome(self) -> GuestOutcome:
         if self._code == "die":
@@ -39,8 +61,8 @@ class FakeExecutor(Executor):
             await self.interrupted.wait()
             if self.stubborn:
                 await anyio.sleep_forever()
-            return GuestOutcome(success=False, error_type="KeyboardInterrupt", stdout="partial")
-        return GuestOutcome(success=True, result=self._code)
+            return outcome(success=False, error_type="KeyboardInterrupt", stdout="partial")
+        return outcome(result=self._code)
 
     async def interrupt(self) -> None:
         self.interrupted.set()

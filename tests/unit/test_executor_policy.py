@@ -10,29 +10,29 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_a_program_that_finishes_returns_its_outcome() -> None:
-    result = await FakeExecutor().run("'hi'", timeout=1, grace=1, max_output_chars=100)
+    result = await FakeExecutor().run("'hi'", 1)
     assert result.success and result.result == "'hi'" and result.backend == "fake"
 
 
 async def test_an_interruptible_program_times_out_and_keeps_its_sandbox() -> None:
     executor = FakeExecutor()
-    result = await executor.run("hang", timeout=0.05, grace=1, max_output_chars=100)
+    result = await executor.run("hang", 0.05)
     assert result.error_type == "Timeout" and not result.session_lost
     assert result.stdout == "partial" and not executor.closed
 
 
-async def test_a_program_that_ignores_the_interrupt_is_killed() -> None:
+async def test_a_program_that_ignores_the_interrupt_is_killed() -> None:  # grace: 0.05 s
     executor = FakeExecutor(stubborn=True)
-    result = await executor.run("hang", timeout=0.05, grace=0.05, max_output_chars=100)
+    result = await executor.run("hang", 0.05)
     assert result.error_type == "Timeout" and result.session_lost and executor.closed
 
 
 async def test_a_dead_sandbox_is_a_crash() -> None:
     executor = FakeExecutor()
-    result = await executor.run("die", timeout=1, grace=1, max_output_chars=100)
+    result = await executor.run("die", 1)
     assert result.error_type == "SandboxCrash" and result.session_lost and executor.closed
 
 
 async def test_output_from_the_guest_is_capped() -> None:
-    result = await FakeExecutor().run("x" * 5000, timeout=1, grace=1, max_output_chars=300)
-    assert result.truncated and len(result.result or "") < 500
+    result = await FakeExecutor().run("x" * 5000, 1)  # the fake's cap is 1,000 characters
+    assert result.truncated and len(result.result or "") < 1100

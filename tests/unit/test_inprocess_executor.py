@@ -6,23 +6,35 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import anyio
 import pytest
 
+from mcp_sandbox.backends.base import ExecutorHooks, ExecutorLimits, no_progress
 from mcp_sandbox.backends.inprocess import InProcessExecutor
 from mcp_sandbox.result import ExecutionResult
 
 pytestmark = pytest.mark.anyio
 
+LIMITS = ExecutorLimits(
+    {"max_output_chars": 10_000, "output": {"max_files": 0, "max_bytes": 0, "max_figures": 0}},
+    grace=0.5,
+    max_tool_calls=10,
+)
+
+
+def new_executor(name: str) -> InProcessExecutor:
+    return InProcessExecutor(LIMITS, ExecutorHooks(tools=None, progress=no_progress), name, Path.cwd())
+
 
 async def run(executor: InProcessExecutor, code: str, timeout: float = 5) -> ExecutionResult:
-    return await executor.run(code, timeout=timeout, grace=0.5, max_output_chars=10_000)
+    return await executor.run(code, timeout)
 
 
 @pytest.fixture
 async def executor() -> AsyncIterator[InProcessExecutor]:
-    executor = InProcessExecutor("test-session")
+    executor = new_executor("test-session")
     yield executor
 
 
@@ -33,7 +45,7 @@ async def test_state_persists_and_output_is_captured(executor: InProcessExecutor
 
 
 async def test_concurrent_sessions_do_not_mix_output() -> None:
-    first, second = InProcessExecutor("a"), InProcessExecutor("b")
+    first, second = new_executor("a"), new_executor("b")
     loop = "for i in range(2000):\n    print('{}')"
     results: dict[str, ExecutionResult] = {}
 

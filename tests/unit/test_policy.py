@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_sandbox.backends.policy import policy_violation
+from mcp_sandbox.policy import policy_violation
 
 
 @pytest.mark.parametrize(

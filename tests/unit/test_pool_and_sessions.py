@@ -1,4 +1,4 @@
-"""WarmPool and SessionPool with fake executors: fairness, failures, state, expiry."""
+"""ReadyPool and SessionPool with fake executors: fairness, failures, state, expiry."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from mcp_sandbox.backends.base import Executor, SandboxStartError
-from mcp_sandbox.pool import PoolUnavailable, WarmPool
+from mcp_sandbox.pool import PoolUnavailable, ReadyPool
 from mcp_sandbox.sessions import SessionLimitReached, SessionPool
 from mcp_sandbox.settings import Settings
 from tests.unit.fakes import FakeExecutor
@@ -21,13 +21,13 @@ async def quick_start() -> Executor:
 
 async def test_pool_fills_to_its_size() -> None:
     async with anyio.create_task_group() as group:
-        pool = WarmPool(quick_start, size=3, task_group=group, acquire_timeout=1)
+        pool = ReadyPool(quick_start, size=3, task_group=group, acquire_timeout=1)
         pool.fill()
         await anyio.sleep(0.1)
-        assert pool.ready_count == 3
+        assert len(pool._ready) == 3
         await pool.acquire()
         await anyio.sleep(0.1)
-        assert pool.ready_count == 3, "the pool refills after a hand-out"
+        assert len(pool._ready) == 3, "the pool refills after a hand-out"
         await pool.close()
 
 
@@ -35,7 +35,7 @@ async def test_waiters_are_served_first_come_first_served() -> None:
     order: list[int] = []
 
     async with anyio.create_task_group() as group:
-        pool = WarmPool(quick_start, size=0, task_group=group, acquire_timeout=5, max_starting=1)
+        pool = ReadyPool(quick_start, size=0, task_group=group, acquire_timeout=5, max_starting=1)
 
         async def take(number: int) -> None:
             await pool.acquire()
@@ -56,7 +56,7 @@ async def test_a_failing_start_reaches_the_waiter_at_once() -> None:
         raise SandboxStartError("no runtime here")
 
     async with anyio.create_task_group() as group:
-        pool = WarmPool(broken, size=0, task_group=group, acquire_timeout=30)
+        pool = ReadyPool(broken, size=0, task_group=group, acquire_timeout=30)
         with anyio.fail_after(5), pytest.raises(PoolUnavailable, match="no runtime here"):
             await pool.acquire()
         await pool.close()
@@ -73,7 +73,7 @@ async def test_a_single_failed_start_is_retried_for_the_waiter() -> None:
         return FakeExecutor()
 
     async with anyio.create_task_group() as group:
-        pool = WarmPool(flaky, size=0, task_group=group, acquire_timeout=30)
+        pool = ReadyPool(flaky, size=0, task_group=group, acquire_timeout=30)
         with anyio.fail_after(5):
             executor = await pool.acquire()
         assert executor.alive and len(attempts) == 2
@@ -86,7 +86,7 @@ async def test_acquire_gives_up_after_its_timeout() -> None:
         return FakeExecutor()
 
     async with anyio.create_task_group() as group:
-        pool = WarmPool(slow, size=0, task_group=group, acquire_timeout=0.1)
+        pool = ReadyPool(slow, size=0, task_group=group, acquire_timeout=0.1)
         with pytest.raises(PoolUnavailable, match=r"within 0\.1 s"):
             await pool.acquire()
         await pool.close()
@@ -99,8 +99,9 @@ def settings(**overrides: object) -> Settings:
 
 async def test_session_keeps_its_executor_and_one_off_calls_discard_theirs() -> None:
     async with anyio.create_task_group() as group:
-        pool = WarmPool(quick_start, size=1, task_group=group, acquire_timeout=1)
-        sessions = SessionPool(pool, settings(), "fake")
+        pool = ReadyPool(quick_start, size=1, task_group=group, acquire_timeout=1)
+        sessions = SessionPool(settings())
+        sessions.attach(pool)
         first = await sessions.run("1", timeout=1, session_id="s")
         second = await sessions.run("2", timeout=1, session_id="s")
         assert first.session_id == second.session_id == "s"
@@ -112,8 +113,9 @@ async def test_session_keeps_its_executor_and_one_off_calls_discard_theirs() -> 
 
 async def test_a_lost_session_gets_a_new_sandbox() -> None:
     async with anyio.create_task_group() as group:
-        pool = WarmPool(lambda: _stubborn(), size=1, task_group=group, acquire_timeout=1)
-        sessions = SessionPool(pool, settings(), "fake")
+        pool = ReadyPool(lambda: _stubborn(), size=1, task_group=group, acquire_timeout=1)
+        sessions = SessionPool(settings())
+        sessions.attach(pool)
         lost = await sessions.run("hang", timeout=0.05, session_id="s")
         assert lost.session_lost
         assert (await sessions.run("'again'", timeout=1, session_id="s")).success
@@ -127,15 +129,16 @@ async def _stubborn() -> Executor:
 
 async def test_session_limit_and_expiry() -> None:
     async with anyio.create_task_group() as group:
-        pool = WarmPool(quick_start, size=1, task_group=group, acquire_timeout=1)
-        sessions = SessionPool(pool, settings(), "fake")
+        pool = ReadyPool(quick_start, size=1, task_group=group, acquire_timeout=1)
+        sessions = SessionPool(settings())
+        sessions.attach(pool)
         await sessions.run("1", timeout=1, session_id="a")
         await sessions.run("1", timeout=1, session_id="b")
         with pytest.raises(SessionLimitReached):
             await sessions.run("1", timeout=1, session_id="c")
         group.start_soon(sessions.expire_idle)
         with anyio.fail_after(3):
-            while sessions.session_ids:
+            while sessions._sessions:
                 await anyio.sleep(0.05)
         await sessions.run("1", timeout=1, session_id="c")
         await sessions.close()

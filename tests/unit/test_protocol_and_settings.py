@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from mcp_sandbox.backends.protocol import encode, max_line_bytes, open_envelope
-from mcp_sandbox.result import GuestOutcome
+from mcp_sandbox.protocol import cap_text, encode, max_line_bytes, open_envelope
+from mcp_sandbox.result import cap_outcome
 from mcp_sandbox.settings import Settings
+from tests.unit.fakes import outcome
 
 
 def test_envelope_with_the_right_token_is_opened() -> None:
@@ -29,7 +30,7 @@ def test_forged_or_malformed_lines_are_refused(line: bytes) -> None:
 
 
 def test_encode_is_one_line() -> None:
-    encoded = encode({"type": "run", "id": 1, "code": "print('a')\nprint('b')", "max_output_chars": 10})
+    encoded = encode({"type": "run", "id": 1, "code": "print('a')\nprint('b')"})
     assert encoded.endswith(b"\n") and encoded.count(b"\n") == 1
 
 
@@ -38,11 +39,12 @@ def test_max_line_allows_a_full_result() -> None:
 
 
 def test_outcome_from_the_guest_is_capped_again_on_the_host() -> None:
-    forged = GuestOutcome(success=True, stdout="x" * 10_000, result="y" * 10_000)
-    capped = forged.capped(1000)
-    assert capped.truncated and len(capped.stdout) < 1100 and len(capped.result or "") < 1100
-    honest = GuestOutcome(success=True, stdout="fine")
-    assert honest.capped(1000) is honest
+    forged = outcome(stdout="x" * 10_000, result="y" * 10_000)
+    capped = cap_outcome(forged, 1000)
+    assert capped["truncated"] and len(capped["stdout"]) < 1100 and len(capped["result"] or "") < 1100
+    assert capped["stdout"] == cap_text("x" * 10_000, 1000)[0]
+    honest = outcome(stdout="fine")
+    assert cap_outcome(honest, 1000) == honest
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,13 +19,13 @@ from typing import ClassVar
 import anyio
 import anyio.abc
 
-from mcp_sandbox.backends.base import Backend, Executor
+from mcp_sandbox.backends.base import Backend, Executor, ExecutorHooks, ExecutorLimits, prepare_workspace
 from mcp_sandbox.backends.process import ProcessExecutor, start_process_executor
-from mcp_sandbox.backends.workspace import prepare_workspace, read_output_file
-from mcp_sandbox.result import GuestFile
+from mcp_sandbox.protocol import GuestFile, ProcessLimits
+from mcp_sandbox.result import read_output_file
 from mcp_sandbox.settings import Settings
 
-WORKER = Path(__file__).resolve().with_name("cpython_worker.py")
+WORKER = Path(__file__).resolve().with_name("worker.py")
 #: A new user namespace (so no privilege is needed) with a new, empty network namespace.
 UNSHARE_ARGS = ["--user", "--map-root-user", "--net", "--"]
 
@@ -35,18 +35,17 @@ logger = logging.getLogger(__name__)
 class SubprocessBackend(Backend):
     name: ClassVar[str] = "subprocess"
 
-    def __init__(self, settings: Settings, task_group: anyio.abc.TaskGroup) -> None:
-        self._settings = settings
+    def __init__(self, settings: Settings, hooks: ExecutorHooks, task_group: anyio.abc.TaskGroup) -> None:
+        super().__init__(settings, hooks)
         self._task_group = task_group
-        self._limits = json.dumps(
-            {
-                "memory_mb": settings.memory_mb,
-                "cpu_seconds": settings.cpu_seconds,
-                "open_files": settings.max_open_files,
-                "file_mb": settings.max_file_mb,
-                "processes": settings.max_processes,
-            }
-        )
+        limits: ProcessLimits = {
+            "memory_mb": settings.memory_mb,
+            "cpu_seconds": settings.cpu_seconds,
+            "open_files": settings.max_open_files,
+            "file_mb": settings.max_file_mb,
+            "processes": settings.max_processes,
+        }
+        self._process_limits = json.dumps(limits)
         #: The command prefix that puts a worker in its own network namespace, when Linux allows it.
         self.isolation: list[str] = []
 
@@ -77,13 +76,10 @@ class SubprocessBackend(Backend):
             "OMP_NUM_THREADS": "1",
             "MPLBACKEND": "Agg",
         }
-        command = [*self.isolation, sys.executable, "-I", str(WORKER), self._limits]
+        command = [*self.isolation, sys.executable, "-I", str(WORKER), self._process_limits]
         process = await anyio.open_process(command, cwd=workdir, env=env, start_new_session=True)
-        executor = SubprocessExecutor(
-            process, self._settings.max_output_chars, workdir, self._settings.output_limits().max_bytes
-        )
-        if self._settings.data_dir is not None:
-            executor.init_message["data_dir"] = str(self._settings.data_dir)
+        folders = {"data_dir": str(self._settings.data_dir)} if self._settings.data_dir is not None else {}
+        executor = SubprocessExecutor(process, self._limits, self._hooks, workdir, **folders)
         return await start_process_executor(executor, self._task_group, self._settings.start_timeout)
 
     def describe(self) -> str:
@@ -99,12 +95,17 @@ class SubprocessExecutor(ProcessExecutor):
     backend: ClassVar[str] = "subprocess"
 
     def __init__(
-        self, process: anyio.abc.Process, max_output_chars: int, workdir: Path, max_artifact_bytes: int = 0
+        self,
+        process: anyio.abc.Process,
+        limits: ExecutorLimits,
+        hooks: ExecutorHooks,
+        workdir: Path,
+        **folders: str,
     ) -> None:
-        super().__init__(process, max_output_chars, max_artifact_bytes)
+        super().__init__(process, limits, hooks, **folders)
         self._workdir = workdir
 
-    def _output_file_bytes(self, file: GuestFile, path: str) -> bytes | None:
+    def _read_output_file(self, file: GuestFile, path: str) -> bytes | None:
         return read_output_file(self._workdir, path)
 
     async def interrupt(self) -> None:

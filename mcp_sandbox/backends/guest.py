@@ -1,9 +1,9 @@
 """Runs inside the sandbox: executes one program and describes its outcome.
 
-This file is the guest side of every backend. Pyodide receives its source at start-up,
-the CPython worker imports it, and the in-process executor calls it directly, so the
-rules for final expressions, top-level ``await``, output capping and tracebacks are the
-same everywhere. Standard library only: it must load inside Pyodide with nothing else.
+The guest side of every backend. The Pyodide worker and the CPython worker load its source
+(after mcp_sandbox.protocol) from the ``init`` message, and the in-process executor imports it,
+so the rules for final expressions, top-level ``await``, output capping, tracebacks and bridged
+tool calls are the same everywhere. Standard library only: it must load inside Pyodide.
 """
 
 from __future__ import annotations
@@ -12,32 +12,44 @@ import ast
 import builtins
 import inspect
 import io
+import itertools
 import linecache
 import os
 import stat
 import sys
+import threading
 import warnings
 from binascii import b2a_base64
 from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 # Bound at import, so a program that patches json or traceback cannot break reporting.
 from json import dumps, loads
 from time import monotonic
 from traceback import StackSummary, TracebackException, format_exception_only
 from types import CodeType, TracebackType
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
+
+from mcp_sandbox.protocol import (
+    MAX_PROGRESS_LINE_CHARS,
+    MAX_SCANNED_FILES,
+    OUTPUT_DIR,
+    PROGRESS_EVERY_S,
+    TRUNCATION_MARKER,
+    GuestFile,
+    GuestLimits,
+    GuestOutcome,
+    OutputLimits,
+    ProgressMessage,
+    ToolCallMessage,
+    cap_text,
+)
 
 CELL_PREFIX = "<cell-"
-#: Files written here (relative to the working directory) come back with the result.
-OUTPUT_DIR = "output"
-#: A program that leaves more files than this in output/ is not scanned further.
-MAX_SCANNED_FILES = 10_000
 # Under the Agg backend plt.show() only warns; figures are captured when the program ends.
 warnings.filterwarnings("ignore", message=".*non-interactive.*", category=UserWarning)
-#: Where this file's own frames come from, so tracebacks can leave them out.
-RUNTIME_FILES = {"<guest_runtime>", globals().get("__file__")}
-TRUNCATION_MARKER = "\n... [{cut:,} characters truncated] ...\n"
+#: Where this runtime's own frames come from, so tracebacks can leave them out.
+RUNTIME_FILES = {globals().get("__file__"), "<mcp_sandbox.backends.guest>"}
 
 
 class CappedText(io.TextIOBase):
@@ -87,15 +99,15 @@ class CappedText(io.TextIOBase):
     def _note_line(self, text: str) -> None:
         """Tell the host the latest complete line, at most twice a second (for progress reports)."""
         if "\n" not in text:
-            self._partial = (self._partial + text)[-200:]
+            self._partial = (self._partial + text)[-MAX_PROGRESS_LINE_CHARS:]
             return
         lines = text.split("\n")
         line = (self._partial + lines[0]) if len(lines) == 2 else lines[-2]
-        self._partial = lines[-1][-200:]
+        self._partial = lines[-1][-MAX_PROGRESS_LINE_CHARS:]
         now = monotonic()
-        if now - self._reported >= 0.5 and self._on_line is not None:
+        if now - self._reported >= PROGRESS_EVERY_S and self._on_line is not None:
             self._reported = now
-            self._on_line(line[-200:])
+            self._on_line(line[-MAX_PROGRESS_LINE_CHARS:])
 
     @property
     def truncated(self) -> bool:
@@ -108,13 +120,6 @@ class CappedText(io.TextIOBase):
         tail = "".join(self._tail)[-self._tail_limit :] if self._tail_limit else ""
         cut = self.total - len(head) - len(tail)
         return head + TRUNCATION_MARKER.format(cut=cut) + tail
-
-
-def cap_text(text: str, limit: int) -> tuple[str, bool]:
-    """Cap an already-built string the same way CappedText caps a stream."""
-    stream = CappedText(limit)
-    stream.write(text)
-    return stream.getvalue(), stream.truncated
 
 
 class Program:
@@ -171,20 +176,86 @@ class ToolError(Exception):
 ToolError.__module__ = "tools"  # shown as tools.ToolError, the name code can catch it by
 
 
-class ToolTransport(Protocol):
-    """How a sandbox carries bridged calls to the host; each runner provides one.
+class ToolChannel:
+    """The guest's end of bridged tool calls and progress, the same in every runner.
 
-    Both take (server, tool, arguments as JSON text) and give the host's reply as JSON text:
-    ``{"ok": true, "value": ...}``, ``{"ok": false, "error": "..."}``, or, when the execution
-    was interrupted while waiting, ``{"ok": false, "interrupted": true}``.
+    A runner gives it ``send``, which carries one RunnerMessage (JSON text) to the host, and
+    answers each tool_call by calling ``deliver`` with the host's reply. A blocking call waits
+    on a thread event, unless the runner gives ``block`` (Pyodide has no second thread to
+    deliver from: it sends the message itself and sleeps until the reply is in shared memory).
+    A reply is a ToolReply as JSON text; an interrupted wait raises KeyboardInterrupt.
     """
 
-    def call_sync(self, server: str, tool: str, arguments: str) -> str: ...
-
-    def call_async(self, server: str, tool: str, arguments: str) -> Any: ...
+    def __init__(self, send: Callable[[str], None], block: Callable[[int, str], str] | None = None) -> None:
+        self._send = send
+        self._block = block
+        self._numbers = itertools.count(1)
+        self._lock = threading.Lock()  # program threads may call tools too
+        self._waiting: dict[int, Callable[[str], None]] = {}
 
     def progress(self, line: str) -> None:
         """The latest line the program printed; the host shows it in progress reports."""
+        message: ProgressMessage = {"type": "progress", "line": line}
+        self._send(dumps(message))
+
+    def _request(self, server: str, tool: str, arguments: str) -> tuple[int, str]:
+        call = next(self._numbers)
+        message: ToolCallMessage = {
+            "type": "tool_call",
+            "call": call,
+            "server": server,
+            "tool": tool,
+            "arguments": arguments,
+        }
+        return call, dumps(message)
+
+    def call_sync(self, server: str, tool: str, arguments: str) -> str:
+        call, message = self._request(server, tool, arguments)
+        if self._block is not None:
+            return self._block(call, message)
+        replies: list[str] = []
+        done = threading.Event()
+
+        def resolve(reply: str) -> None:
+            replies.append(reply)
+            done.set()
+
+        with self._lock:
+            self._waiting[call] = resolve
+        try:
+            self._send(message)
+            done.wait()  # an interrupt (SIGINT) ends the wait too, so a timeout still stops the program
+        finally:
+            with self._lock:
+                self._waiting.pop(call, None)
+        return replies[0]
+
+    def call_async(self, server: str, tool: str, arguments: str) -> Any:
+        import asyncio  # imported when first needed: most programs never call a tool
+
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+
+        def settle(reply: str) -> None:
+            if not future.done():
+                future.set_result(reply)
+
+        def resolve(reply: str) -> None:
+            with suppress(RuntimeError):  # the program's loop is closed: nobody is waiting
+                loop.call_soon_threadsafe(settle, reply)
+
+        call, message = self._request(server, tool, arguments)
+        with self._lock:
+            self._waiting[call] = resolve
+        self._send(message)
+        return future
+
+    def deliver(self, call: int, reply: str) -> None:
+        """The host's reply to tool_call ``call``, from whichever thread the runner reads on."""
+        with self._lock:
+            resolve = self._waiting.pop(call, None)
+        if resolve is not None:
+            resolve(reply)
 
 
 _TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
@@ -210,7 +281,7 @@ def _unpack(reply_text: str) -> Any:
     raise ToolError(reply.get("error") or "the tool call failed")
 
 
-def _make_tool(spec: dict[str, Any], transport: ToolTransport) -> tuple[Any, Any]:
+def _make_tool(spec: dict[str, Any], channel: ToolChannel) -> tuple[Any, Any]:
     """The sync function and its async twin for one upstream tool, with a real signature."""
     server, tool = spec["server_py"], spec["name_py"]
     ordered = [p for p in spec["params"] if p["required"]] + [p for p in spec["params"] if not p["required"]]
@@ -241,10 +312,10 @@ def _make_tool(spec: dict[str, Any], transport: ToolTransport) -> tuple[Any, Any
             raise TypeError(f"arguments to tools.{server}.{tool} must be JSON data: {error}") from None
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        return _unpack(transport.call_sync(server, tool, encode(args, kwargs)))
+        return _unpack(channel.call_sync(server, tool, encode(args, kwargs)))
 
     async def call_async(*args: Any, **kwargs: Any) -> Any:
-        return _unpack(await transport.call_async(server, tool, encode(args, kwargs)))
+        return _unpack(await channel.call_async(server, tool, encode(args, kwargs)))
 
     functions: tuple[Any, Any] = (call, call_async)
     for function, name in zip(functions, (tool, tool + "_async"), strict=True):
@@ -291,78 +362,72 @@ class Tools:
         raise AttributeError(f"there is no upstream MCP server {name!r}; {known}")
 
 
-def build_tools(manifest: list[dict[str, Any]], transport: ToolTransport | None) -> Tools:
+def build_tools(manifest: list[dict[str, Any]], channel: ToolChannel | None) -> Tools:
     servers: dict[str, dict[str, Any]] = {}
-    if transport is not None:
+    if channel is not None:
         for spec in manifest:
-            call, call_async = _make_tool(spec, transport)
+            call, call_async = _make_tool(spec, channel)
             functions = servers.setdefault(spec["server_py"], {})
             functions[spec["name_py"]] = call
             functions[spec["name_py"] + "_async"] = call_async
     return Tools({name: ServerTools(name, functions) for name, functions in servers.items()})
 
 
-class Session:
-    """The interpreter state of one sandbox session: its globals and its cell counter."""
+class Interpreter:
+    """The state of one sandbox's Python: its globals, its cell counter, its `tools`."""
 
-    #: output/ belongs to this session alone (a sandbox process), so the scan after one run
-    #: serves as the scan before the next; False where sessions share a working directory.
+    #: output/ belongs to this interpreter alone (a sandbox process), so the scan after one run
+    #: serves as the scan before the next; False where interpreters share a working directory.
     private_output: ClassVar[bool] = True
 
-    def __init__(self) -> None:
+    def __init__(self, limits: GuestLimits, channel: ToolChannel | None = None, inline_files: bool = False):
+        """``inline_files``: the host cannot read the sandbox's files (Pyodide), so output files
+        travel in the outcome."""
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self.namespace["tools"] = Tools({})
         self.namespace["ToolError"] = ToolError
         self.cells = 0
-        #: True where the host cannot read the sandbox's files (Pyodide): send them in the outcome.
-        self.inline_files = False
-        #: Where the latest line of output goes while a program runs (the runner's transport).
-        self.report_line: Callable[[str], None] | None = None
+        self.limits = limits
+        self.channel = channel
+        self.inline_files = inline_files
         #: output/ as the last run left it; valid only where nothing else writes there between runs.
         self._output_after: dict[str, tuple[int, int]] | None = None
 
-    def install_tools(self, manifest_json: str, transport: ToolTransport | None) -> None:
-        """Give the session's `tools` the upstream tools listed in ``manifest_json``."""
-        self.namespace["tools"] = build_tools(loads(manifest_json), transport)
+    def install_tools(self, manifest_json: str) -> None:
+        """Give the interpreter's `tools` the upstream tools listed in ``manifest_json``."""
+        self.namespace["tools"] = build_tools(loads(manifest_json), self.channel)
 
-    def run(
-        self, code: str, max_output_chars: int, output: dict[str, int] | None = None
-    ) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
-        """Run ``code``; returns the outcome, or a coroutine for it when the code awaits.
-
-        With ``output`` limits, the outcome also carries the figures the program left open and
-        the files it wrote to output/.
-        """
-        if output is None:
-            return self._run(code, max_output_chars)
+    def run(self, code: str) -> GuestOutcome | Coroutine[Any, Any, GuestOutcome]:
+        """Run ``code``; the outcome, with the figures the program left open and the files it
+        wrote to output/, or a coroutine for it when the code awaits."""
         before = self._output_after if self.private_output else None
         if before is None:
             before = _scan_output()
-        outcome = self._run(code, max_output_chars)
+        outcome = self._run(code, self.limits["max_output_chars"])
         if isinstance(outcome, dict):
-            return self._with_artifacts(outcome, before, output)
-        return self._with_artifacts_async(outcome, before, output)
+            return self._with_artifacts(outcome, before)
+        return self._with_artifacts_async(outcome, before)
 
     async def _with_artifacts_async(
-        self, pending: Coroutine[Any, Any, dict[str, Any]], before: dict[str, Any], output: dict[str, int]
-    ) -> dict[str, Any]:
-        return self._with_artifacts(await pending, before, output)
+        self, pending: Coroutine[Any, Any, GuestOutcome], before: dict[str, tuple[int, int]]
+    ) -> GuestOutcome:
+        return self._with_artifacts(await pending, before)
 
-    def _with_artifacts(
-        self, outcome: dict[str, Any], before: dict[str, Any], output: dict[str, int]
-    ) -> dict[str, Any]:
+    def _with_artifacts(self, outcome: GuestOutcome, before: dict[str, tuple[int, int]]) -> GuestOutcome:
+        output: OutputLimits = self.limits["output"]
         budget = output["max_bytes"]
         notes: list[str] = []
         figures, budget = _collect_figures(output["max_figures"], budget, notes)
         self._output_after = after = _scan_output()
         files = _collect_files(before, after, output["max_files"], budget, self.inline_files, notes)
-        outcome.update(figures=figures, files=files, notes=notes)
+        outcome["figures"], outcome["files"], outcome["notes"] = figures, files, notes
         return outcome
 
-    def _run(self, code: str, max_output_chars: int) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
+    def _run(self, code: str, max_output_chars: int) -> GuestOutcome | Coroutine[Any, Any, GuestOutcome]:
         self.cells += 1
-        stdout = CappedText(max_output_chars, self.report_line)
-        stderr = CappedText(max_output_chars, self.report_line)
+        report = self.channel.progress if self.channel is not None else None
+        stdout = CappedText(max_output_chars, report)
+        stderr = CappedText(max_output_chars, report)
         try:
             program = Program(code, self.cells)
         except BaseException as error:  # noqa: BLE001 - a SyntaxError is the caller's outcome
@@ -378,7 +443,7 @@ class Session:
 
     async def _run_async(
         self, program: Program, stdout: CappedText, stderr: CappedText, max_output_chars: int
-    ) -> dict[str, Any]:
+    ) -> GuestOutcome:
         try:
             with self.capturing(stdout, stderr):
                 value = await program.run_async(self.namespace)
@@ -453,16 +518,16 @@ def _collect_files(
     budget: int,
     inline: bool,
     notes: list[str],
-) -> list[dict[str, Any]]:
+) -> list[GuestFile]:
     """The files in output/ that this run created or changed, within the count and byte caps."""
     changed = sorted(path for path, signature in after.items() if before.get(path) != signature)
-    files: list[dict[str, Any]] = []
+    files: list[GuestFile] = []
     for path in changed[:limit]:
         size = after[path][0]
         if size > budget:
             notes.append(f"output/{path} ({size:,} bytes) left out: over the output size cap")
             continue
-        entry: dict[str, Any] = {"path": path, "size": size}
+        entry: GuestFile = {"path": path, "size": size}
         if inline:
             try:
                 with open(os.path.join(OUTPUT_DIR, path), "rb") as handle:
@@ -539,7 +604,7 @@ def _outcome(
     *,
     value: Any = None,
     error: BaseException | None = None,
-) -> dict[str, Any]:
+) -> GuestOutcome:
     """The guest's half of the result: what only the sandbox can know."""
     result: str | None = None
     truncated = stdout.truncated or stderr.truncated
@@ -565,34 +630,32 @@ def _outcome(
     }
 
 
-_session = Session()
-_transport: ToolTransport | None = None
+def interrupted_outcome(error: BaseException) -> GuestOutcome:
+    """The outcome of a run whose interrupt landed outside the program (in the runner's own code)."""
+    name = type(error).__name__
+    return {
+        "success": False,
+        "stdout": "",
+        "stderr": "",
+        "result": None,
+        "error_type": name,
+        "error": f"{name}: {error}" if str(error) else name,
+        "truncated": False,
+    }
 
 
-def install_transport(transport: ToolTransport, inline_files: bool = False) -> None:
-    """Called once by a runner: how bridged calls reach the host, and whether output files
-    must travel in the outcome because the host cannot read the sandbox's disk."""
-    global _transport
-    _transport = transport
-    _session.inline_files = inline_files
-    _session.report_line = transport.progress
-
-
-def _output_limits(output: Any) -> dict[str, int] | None:
-    """Output limits as a dict: runners pass a JsProxy in Pyodide."""
-    return output.to_py() if hasattr(output, "to_py") else output  # type: ignore[no-any-return]
-
-
-def run_program_json(
-    code: str, max_output_chars: int, tools_manifest: str | None = None, output: Any = None
-) -> str | Coroutine[Any, Any, str]:
-    """Entry point for runners that speak JSON (the Pyodide worker, the CPython worker)."""
+def run_json(interpreter: Interpreter, code: str, tools_manifest: str | None = None) -> str | Any:
+    """A run for runners that speak JSON: the outcome as JSON text, or an awaitable of it."""
     if tools_manifest is not None:
-        _session.install_tools(tools_manifest, _transport)
-    outcome = _session.run(code, max_output_chars, _output_limits(output))
+        interpreter.install_tools(tools_manifest)
+    outcome = interpreter.run(code)
     if isinstance(outcome, dict):
         return dumps(outcome)
     return _dump_when_done(outcome)
+
+
+async def _dump_when_done(pending: Coroutine[Any, Any, GuestOutcome]) -> str:
+    return dumps(await pending)
 
 
 #: A small program touching what most programs use: the compiler, calls, comprehensions,
@@ -607,22 +670,21 @@ print(total, fib(9), ",".join(str(row) for row in rows[:3]))
 """
 #: Cells numbered from here on are the warm-up's, never a user's (tracebacks quote cells).
 WARM_UP_FIRST_CELL = 1_000_000_000
+#: The warm-up takes the same path as a run, artifacts included, but hands nothing back.
+WARM_UP_LIMITS: GuestLimits = {
+    "max_output_chars": 1000,
+    "output": {"max_files": 0, "max_bytes": 0, "max_figures": 0},
+}
 
 
-def warm_up(rounds: int, output: Any = None) -> None:
-    """Run WARM_UP_PROGRAM `rounds` times in a throwaway session, so a JIT (V8 compiling
+def jit_warm_up(rounds: int) -> None:
+    """Run WARM_UP_PROGRAM `rounds` times in a throwaway interpreter, so a JIT (V8 compiling
     Pyodide's WebAssembly) has compiled the hot paths before the user's next call.
 
-    `output` limits, as a run gets them, take the same path through artifact collection; with
-    max_figures 0 nothing is saved, and no figure is open between runs (each run closes them).
+    With max_figures 0 nothing is saved, and no figure is open between runs (each run closes them).
     """
-    session = Session()
-    session.cells = WARM_UP_FIRST_CELL
-    limits = _output_limits(output)
+    interpreter = Interpreter(WARM_UP_LIMITS)
+    interpreter.cells = WARM_UP_FIRST_CELL
     for _ in range(rounds):
-        dumps(session.run(WARM_UP_PROGRAM, 1000, limits))
-        linecache.cache.pop(f"{CELL_PREFIX}{session.cells}>", None)
-
-
-async def _dump_when_done(pending: Coroutine[Any, Any, dict[str, Any]]) -> str:
-    return dumps(await pending)
+        dumps(interpreter.run(WARM_UP_PROGRAM))
+        linecache.cache.pop(f"{CELL_PREFIX}{interpreter.cells}>", None)

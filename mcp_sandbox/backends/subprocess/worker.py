@@ -1,16 +1,16 @@
 """Runs inside the subprocess sandbox: a CPython worker speaking the runner protocol.
 
-Started as ``python -I cpython_worker.py '<limits json>'`` with an empty environment in a private
-temporary directory. Standard library only, and no import of mcp_sandbox: the guest runtime
-arrives in the ``init`` message, as it does for Pyodide. The protocol moves to private copies
-of fds 0 and 1, so the program's own stdin/stdout lead nowhere and cannot reach the host.
+Started as ``python -I worker.py '<ProcessLimits json>'`` with an empty environment in a private
+temporary directory. Standard library only, and no import of the installed mcp_sandbox: the
+protocol and the guest runtime arrive as source in the ``init`` message, as they do for
+Pyodide. The protocol moves to private copies of fds 0 and 1, so the program's own
+stdin/stdout lead nowhere and cannot reach the host.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import os
 import queue
@@ -18,6 +18,8 @@ import resource
 import signal
 import sys
 import threading
+import time
+import types
 from collections.abc import Callable, Coroutine
 from typing import Any, BinaryIO
 
@@ -57,17 +59,16 @@ def apply_limits(limits: dict[str, int]) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (processes_of_this_user() + limits["processes"],) * 2)
 
 
-class HostChannel:
-    """The worker's end of the protocol: a thread reads the host's lines, so replies to bridged
-    tool calls arrive while the program runs (blocked in a call, or awaiting several)."""
+class HostLink:
+    """The worker's end of the host's pipe: a thread reads the host's lines, so replies to
+    bridged tool calls reach the guest's ToolChannel while the program runs."""
 
     def __init__(self, protocol_in: BinaryIO, protocol_out: BinaryIO, token: str) -> None:
         self._in = protocol_in
         self._out = protocol_out
         self._envelope = '{"token":' + json.dumps(token) + ',"msg":%s}\n'
-        self._lock = threading.Lock()  # guards _pending and writes: program threads may call tools too
-        self._pending: dict[int, Callable[[str], None]] = {}
-        self._numbers = itertools.count(1)
+        self._lock = threading.Lock()  # program threads may call tools too
+        self.deliver: Callable[[int, str], None] = lambda call, reply: None
         self.runs: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
 
     def send(self, payload: str) -> None:
@@ -83,52 +84,17 @@ class HostChannel:
             if kind == "run":
                 self.runs.put(message)
             elif kind == "tool_result":
-                with self._lock:
-                    resolve = self._pending.pop(message.get("call"), None)
-                if resolve is not None:
-                    resolve(message["reply"])
+                self.deliver(message["call"], message["reply"])
         self.runs.put(None)  # the host closed stdin: time to go
 
-    def _request(self, server: str, tool: str, arguments: str, resolve: Callable[[str], None]) -> int:
-        call = next(self._numbers)
-        with self._lock:
-            self._pending[call] = resolve
-        request = {"type": "tool_call", "call": call, "server": server, "tool": tool, "arguments": arguments}
-        self.send(json.dumps(request))
-        return call
 
-    def progress(self, line: str) -> None:
-        self.send(json.dumps({"type": "progress", "line": line}))
-
-    def call_sync(self, server: str, tool: str, arguments: str) -> str:
-        replies: list[str] = []
-        done = threading.Event()
-
-        def resolve(reply: str) -> None:
-            replies.append(reply)
-            done.set()
-
-        call = self._request(server, tool, arguments, resolve)
-        try:
-            done.wait()  # SIGINT interrupts the wait, so a timeout still stops the program
-        finally:
-            with self._lock:
-                self._pending.pop(call, None)
-        return replies[0]
-
-    def call_async(self, server: str, tool: str, arguments: str) -> asyncio.Future[str]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[str] = loop.create_future()
-
-        def settle(reply: str) -> None:
-            if not future.done():
-                future.set_result(reply)
-
-        def resolve(reply: str) -> None:
-            loop.call_soon_threadsafe(settle, reply)
-
-        self._request(server, tool, arguments, resolve)
-        return future
+def load_module(name: str, source: str) -> types.ModuleType:
+    """Install one of the guest's modules from its source (as the Pyodide worker does)."""
+    module = types.ModuleType(name)
+    module.__file__ = f"<{name}>"
+    sys.modules[name] = module
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module
 
 
 def finish(loop: asyncio.AbstractEventLoop, pending: Coroutine[Any, Any, str]) -> str:
@@ -153,31 +119,33 @@ def main() -> None:
     apply_limits(json.loads(sys.argv[1]))
     signal.signal(signal.SIGINT, on_interrupt)
 
+    started = time.monotonic()
     init = json.loads(protocol_in.readline())
-    channel = HostChannel(protocol_in, protocol_out, init["token"])
-    guest: dict[str, Any] = {"__name__": "guest_runtime"}
-    exec(compile(init["guest_runtime"], "<guest_runtime>", "exec"), guest)
-    guest["install_transport"](channel)
+    link = HostLink(protocol_in, protocol_out, init["token"])
+    for name, source in init["guest_modules"]:
+        guest = load_module(name, source)
+    channel = guest.ToolChannel(link.send)
+    link.deliver = channel.deliver
+    interpreter = guest.Interpreter(init["limits"], channel)
     if init.get("data_dir"):
-        guest["protect_read_only"](init["data_dir"])
-    run_program_json = guest["run_program_json"]
+        guest.protect_read_only(init["data_dir"])
     loop = asyncio.new_event_loop()  # one loop per worker, so a session's async objects survive
-    threading.Thread(target=channel.read_forever, name="host-reader", daemon=True).start()
-    channel.send(json.dumps({"type": "ready", "python": sys.version.split()[0]}))
+    threading.Thread(target=link.read_forever, name="host-reader", daemon=True).start()
+    load_ms = round((time.monotonic() - started) * 1000)
+    ready = {"type": "ready", "python": sys.version.split()[0], "pyodide": None, "load_ms": load_ms}
+    link.send(json.dumps(ready))
 
-    while (message := channel.runs.get()) is not None:
+    while (message := link.runs.get()) is not None:
         running = True
         try:
-            outcome = run_program_json(
-                message["code"], message["max_output_chars"], message.get("tools"), message.get("output")
-            )
+            outcome = guest.run_json(interpreter, message["code"], message.get("tools"))
             if not isinstance(outcome, str):
                 outcome = finish(loop, outcome)
         except BaseException as error:  # noqa: BLE001 - an interrupt that lands outside the program
-            outcome = json.dumps({"success": False, "error_type": type(error).__name__, "error": str(error)})
+            outcome = json.dumps(guest.interrupted_outcome(error))
         finally:
             running = False
-        channel.send(f'{{"type":"result","id":{int(message["id"])},"outcome":{outcome}}}')
+        link.send(f'{{"type":"result","id":{int(message["id"])},"outcome":{outcome}}}')
 
 
 if __name__ == "__main__":

@@ -9,11 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.backends.guest_runtime import CappedText, Session, cap_text, run_program_json, warm_up
+from mcp_sandbox.backends.guest import CappedText, Interpreter, jit_warm_up, run_json
+from mcp_sandbox.protocol import GuestOutcome, OutputLimits, cap_text
+
+NO_ARTIFACTS: OutputLimits = {"max_files": 0, "max_bytes": 0, "max_figures": 0}
 
 
-def run(code: str, session: Session | None = None, limit: int = 1000) -> dict[str, object]:
-    outcome = (session or Session()).run(code, limit)
+def interpreter(limit: int = 1000, output: OutputLimits = NO_ARTIFACTS) -> Interpreter:
+    return Interpreter({"max_output_chars": limit, "output": output})
+
+
+def run(code: str, session: Interpreter | None = None, limit: int = 1000) -> GuestOutcome:
+    outcome = (session or interpreter(limit)).run(code)
     if not isinstance(outcome, dict):
         outcome = asyncio.run(outcome)
     return outcome
@@ -58,7 +65,7 @@ def test_last_expression_is_the_result() -> None:
 
 
 def test_state_persists_within_a_session_only() -> None:
-    session = Session()
+    session = interpreter()
     run("x = 1", session)
     assert run("x + 1", session)["result"] == "2"
     assert run("x")["error_type"] == "NameError"
@@ -69,7 +76,7 @@ def test_exception_traceback_shows_only_user_frames() -> None:
     assert outcome["success"] is False and outcome["error_type"] == "ValueError"
     error = str(outcome["error"])
     assert error.startswith("Traceback") and "raise ValueError('bad')" in error
-    assert "guest_runtime" not in error
+    assert "mcp_sandbox" not in error
 
 
 def test_syntax_error() -> None:
@@ -92,7 +99,7 @@ def test_output_is_captured_and_stdout_restored() -> None:
 
 
 def test_top_level_await_returns_a_coroutine_with_the_result() -> None:
-    outcome = Session().run("import asyncio\nawait asyncio.sleep(0)\n'done'", 100)
+    outcome = interpreter(100).run("import asyncio\nawait asyncio.sleep(0)\n'done'")
     assert not isinstance(outcome, dict)
     assert asyncio.run(outcome)["result"] == "'done'"
 
@@ -110,7 +117,7 @@ def test_output_flood_is_capped_at_the_source() -> None:
 def test_patching_json_cannot_break_reporting() -> None:
     original = json.dumps
     try:
-        reported = run_program_json("import json\njson.dumps = None\n1", 100)
+        reported = run_json(interpreter(100), "import json\njson.dumps = None\n1")
     finally:
         json.dumps = original  # the program patched this very process's json module
     assert json.loads(str(reported))["result"] == "1"
@@ -121,29 +128,29 @@ def test_base_exceptions_are_reported_not_raised(code: str) -> None:
     assert run(code)["success"] is False
 
 
-LIMITS = {"max_files": 10, "max_bytes": 1_000_000, "max_figures": 0}
+LIMITS: OutputLimits = {"max_files": 10, "max_bytes": 1_000_000, "max_figures": 0}
 
 
 def test_output_files_are_reported_by_the_run_that_wrote_them(tmp_path: Path) -> None:
-    # A session reuses the scan after one run as the scan before the next: a file must still be
+    # An interpreter reuses the scan after one run as the scan before the next: a file must still be
     # reported exactly by the runs that create or change it.
-    session = Session()
+    session = interpreter(output=LIMITS)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
         os.mkdir("output")
-        first = session.run("open('output/a.txt', 'w').write('one')", 1000, LIMITS)
-        second = session.run("1 + 1", 1000, LIMITS)
-        third = session.run("open('output/a.txt', 'w').write('three!')", 1000, LIMITS)
+        first = session.run("open('output/a.txt', 'w').write('one')")
+        second = session.run("1 + 1")
+        third = session.run("open('output/a.txt', 'w').write('three!')")
     assert isinstance(first, dict) and isinstance(second, dict) and isinstance(third, dict)
     assert [f["path"] for f in first["files"]] == ["a.txt"]
     assert second["files"] == []
     assert [(f["path"], f["size"]) for f in third["files"]] == [("a.txt", 6)]
 
 
-def test_warm_up_leaves_the_users_session_untouched() -> None:
-    session = Session()
+def test_jit_warm_up_leaves_the_users_interpreter_untouched() -> None:
+    session = interpreter()
     run("x = 41\ndef broken():\n    return 1 / 0", session)
-    warm_up(5, {"max_files": 0, "max_bytes": 0, "max_figures": 0})
+    jit_warm_up(5)
     assert run("x + 1", session)["result"] == "42"
     assert run("'fib' in globals() or 'rows' in globals()", session)["result"] == "False"
     # Tracebacks still quote the user's own lines, not the warm-up program's.

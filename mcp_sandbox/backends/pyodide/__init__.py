@@ -1,6 +1,6 @@
 """The default backend: CPython compiled to WebAssembly (Pyodide), hosted by Deno.
 
-Each sandbox is one Deno process running deno/runner.ts with almost no permissions: no
+Each sandbox is one Deno process running runner.ts (in this folder) with almost no permissions: no
 network, environment, subprocesses, FFI, system info or writes, and reading only its own
 runner files and the Pyodide package. Deno's permission system is the wall; Pyodide's
 virtual file system and environment are what sandboxed code sees.
@@ -19,25 +19,20 @@ from typing import ClassVar
 import anyio
 import anyio.abc
 
-from mcp_sandbox.backends.base import Backend, Executor, SandboxDied, SandboxStartError
+from mcp_sandbox.backends.base import Backend, Executor, ExecutorHooks, SandboxDied, SandboxStartError
 from mcp_sandbox.backends.process import MB, ProcessExecutor, start_process_executor
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 
-def runner_dir() -> Path:
-    """deno/ inside the installed package, or at the top of a source checkout."""
-    package = Path(__file__).resolve().parent.parent
-    for candidate in (package / "deno", package.parent / "deno"):
-        if (candidate / "runner.ts").is_file():
-            return candidate
-    raise SandboxStartError(f"the Deno runner (deno/runner.ts) is missing from {package}")
+#: The Deno runner's files (runner.ts, worker.ts, ...) live beside this module, in the wheel too.
+RUNNER_DIR = Path(__file__).resolve().parent
 
 
 def pyodide_version() -> str:
-    """The exact Pyodide version pinned in deno/deno.json."""
-    config = json.loads((runner_dir() / "deno.json").read_text(encoding="utf-8"))
+    """The exact Pyodide version pinned in deno.json."""
+    config = json.loads((RUNNER_DIR / "deno.json").read_text(encoding="utf-8"))
     specifier: str = config["imports"]["pyodide"]
     return specifier.rsplit("@", 1)[1]
 
@@ -47,8 +42,7 @@ def find_deno(settings: Settings) -> Path | None:
     if settings.deno_path is not None:
         return settings.deno_path if os.access(settings.deno_path, os.X_OK) else None
     try:
-        # mypy sees the checkout's deno/ folder under this name; Python finds the package.
-        from deno import find_deno_bin  # type: ignore[attr-defined,unused-ignore]
+        from deno import find_deno_bin  # type: ignore[import-untyped]
 
         found = Path(find_deno_bin())
     except (ImportError, FileNotFoundError, OSError):
@@ -59,11 +53,13 @@ def find_deno(settings: Settings) -> Path | None:
 class PyodideBackend(Backend):
     name: ClassVar[str] = "pyodide"
 
-    def __init__(self, settings: Settings, task_group: anyio.abc.TaskGroup, deno: Path) -> None:
-        self._settings = settings
+    def __init__(
+        self, settings: Settings, hooks: ExecutorHooks, task_group: anyio.abc.TaskGroup, deno: Path
+    ) -> None:
+        super().__init__(settings, hooks)
         self._task_group = task_group
         self._deno = deno
-        self._runner = runner_dir()
+        self._runner = RUNNER_DIR
         self._deno_dir = settings.cache_dir / "deno"
         self._version = pyodide_version()
         self._pyodide_dir: Path | None = None
@@ -185,18 +181,18 @@ class PyodideBackend(Backend):
             self.command(), env=self._sandbox_env(), cwd="/", start_new_session=True
         )
         settings = self._settings
-        executor = PyodideExecutor(process, settings.max_output_chars, settings.output_limits().max_bytes)
-        executor.warm_up_rounds = settings.pyodide_warm_up_rounds
         assert self._pyodide_dir is not None
-        executor.init_message["pyodide_dir"] = str(self._pyodide_dir)
+        folders = {"pyodide_dir": str(self._pyodide_dir)}
         if settings.data_dir is not None:
-            executor.init_message["data_dir"] = str(settings.data_dir)
+            folders["data_dir"] = str(settings.data_dir)
         if settings.packages_folder.is_dir():
-            executor.init_message["packages_dir"] = str(settings.packages_folder)
+            folders["packages_dir"] = str(settings.packages_folder)
         if settings.allow_net:
-            executor.init_message["allow_net"] = settings.allow_net
+            folders["allow_net"] = settings.allow_net
         if self._snapshot is not None:
-            executor.init_message["snapshot"] = str(self._snapshot)
+            folders["snapshot"] = str(self._snapshot)
+        executor = PyodideExecutor(process, self._limits, self._hooks, **folders)
+        executor.jit_warm_up_rounds = settings.pyodide_warm_up_rounds
         return await start_process_executor(
             executor, self._task_group, settings.start_timeout, memory_limit=settings.memory_mb * MB
         )
@@ -215,12 +211,12 @@ class PyodideBackend(Backend):
 
 class PyodideExecutor(ProcessExecutor):
     backend: ClassVar[str] = "pyodide"
-    #: Rounds of the guest's warm-up program to run when idle (0: none); set by the backend.
-    warm_up_rounds = 0
-    _warm_up_sent = False
+    #: Rounds of the guest's JIT warm-up program to run when idle (0: none); set by the backend.
+    jit_warm_up_rounds = 0
+    _jit_warm_up_sent = False
 
-    async def warm_up(self) -> None:
-        if self.warm_up_rounds > 0 and not self._warm_up_sent and self.alive:
-            self._warm_up_sent = True
+    async def jit_warm_up(self) -> None:
+        if self.jit_warm_up_rounds > 0 and not self._jit_warm_up_sent and self.alive:
+            self._jit_warm_up_sent = True
             with contextlib.suppress(SandboxDied):  # a dead sandbox is found out by its next call
-                await self._send({"type": "warm_up", "rounds": self.warm_up_rounds})
+                await self._send({"type": "jit_warm_up", "rounds": self.jit_warm_up_rounds})

@@ -1,0 +1,199 @@
+"""The core: `App` owns every sandbox and enforces every limit. The MCP server, the Python API,
+the command line and DSPy are thin adapters over `App.execute`."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from mcp_sandbox import __version__
+from mcp_sandbox.audit import ExecutionRecord
+from mcp_sandbox.backends.base import Backend, ExecutorHooks, SandboxStartError
+from mcp_sandbox.backends.inprocess import InProcessBackend
+from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno
+from mcp_sandbox.backends.subprocess import SubprocessBackend
+from mcp_sandbox.bridge.config import BridgeConfig, load_bridge_config
+from mcp_sandbox.bridge.local import LocalTools
+from mcp_sandbox.bridge.upstreams import ToolBridge
+from mcp_sandbox.policy import policy_violation
+from mcp_sandbox.pool import ReadyPool
+from mcp_sandbox.result import ExecutionResult
+from mcp_sandbox.sessions import ProgressReport, SessionPool
+from mcp_sandbox.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: Letters, digits and _.:- with at least one that is not a dot: a session id names a folder.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:-]*[A-Za-z0-9_:-][A-Za-z0-9_.:-]*$"
+MAX_SESSION_ID_CHARS = 128
+#: How long start-up waits for the upstream servers to list their tools (they keep trying after).
+BRIDGE_STARTUP_WAIT = 15.0
+
+
+class InvalidRequest(ValueError):
+    """A call's arguments break a limit; the message says which and how to fix it."""
+
+
+def check_request(settings: Settings, code: str, session_id: str | None, timeout: float | None) -> None:
+    """The checks every call gets, whichever adapter it came through. Raises InvalidRequest."""
+    if len(code) > settings.max_code_chars:
+        raise InvalidRequest(
+            f"code is {len(code):,} characters long; the limit is {settings.max_code_chars:,} "
+            "(MCP_SANDBOX_MAX_CODE_CHARS)"
+        )
+    if session_id is not None and (
+        len(session_id) > MAX_SESSION_ID_CHARS or not re.match(SESSION_ID_PATTERN, session_id)
+    ):
+        raise InvalidRequest(
+            f"session_id {session_id[:MAX_SESSION_ID_CHARS]!r}: use 1-{MAX_SESSION_ID_CHARS} of "
+            "A-Z a-z 0-9 _ . : - (not only dots)"
+        )
+    if timeout is not None and not timeout > 0:
+        raise InvalidRequest(f"timeout must be a positive number of seconds, not {timeout!r}")
+
+
+def create_backend(settings: Settings, hooks: ExecutorHooks, task_group: anyio.abc.TaskGroup) -> Backend:
+    """The backend the settings ask for. Raises SandboxStartError when it cannot be had."""
+    if settings.backend == "subprocess":
+        return SubprocessBackend(settings, hooks, task_group)
+    if settings.backend == "inprocess":
+        return InProcessBackend(settings, hooks)
+    deno = find_deno(settings)
+    if deno is None:
+        where = f"at {settings.deno_path}" if settings.deno_path else "(is the `deno` package installed?)"
+        raise SandboxStartError(f"the pyodide backend needs Deno, and none was found {where}")
+    return PyodideBackend(settings, hooks, task_group, deno)
+
+
+async def prepare_backend(
+    settings: Settings, hooks: ExecutorHooks, task_group: anyio.abc.TaskGroup
+) -> Backend:
+    """A prepared backend; `auto` falls back to subprocess, saying why, when pyodide cannot start."""
+    try:
+        backend = create_backend(settings, hooks, task_group)
+        await backend.prepare()
+    except SandboxStartError as error:
+        if settings.backend != "auto":
+            raise
+        logger.warning("using the subprocess backend: %s", error)
+        backend = SubprocessBackend(settings, hooks, task_group)
+        await backend.prepare()
+    return backend
+
+
+class App:
+    """Everything that lives as long as the server: the backend, the ready pool, the sessions,
+    the tool bridge and the record.
+
+    Kept apart from the MCP transport so that one App serves every client of an HTTP server
+    (the SDK starts its lifespan per connection) and the Python API uses it without MCP.
+    """
+
+    def __init__(self, settings: Settings, tools: Mapping[str, Callable[..., Any]] | None = None) -> None:
+        """`tools`: host callables code may call as `tools.local.<name>(...)` (the Python API).
+        Raises ValueError for a tool name that is not a Python identifier."""
+        self.settings = settings
+        self._local = LocalTools(tools, settings.bridge_call_timeout) if tools is not None else None
+        self._stack = AsyncExitStack()
+        self._backend: Backend | None = None
+        self._pool: ReadyPool | None = None
+        self._sessions: SessionPool | None = None
+        self.bridge: ToolBridge | None = None
+        self.record = ExecutionRecord(settings.audit_log, settings.save_code)
+
+    @property
+    def backend(self) -> Backend:
+        assert self._backend is not None, "App is not started"
+        return self._backend
+
+    @property
+    def sessions(self) -> SessionPool:
+        assert self._sessions is not None, "App is not started"
+        return self._sessions
+
+    async def __aenter__(self) -> App:
+        task_group = await self._stack.enter_async_context(anyio.create_task_group())
+        self._stack.push_async_callback(self._stop, task_group)
+        sessions = SessionPool(self.settings)
+        try:
+            if self.settings.bridge_config is not None or self._local is not None:
+                config = BridgeConfig()
+                if self.settings.bridge_config is not None:
+                    config = load_bridge_config(self.settings.bridge_config)
+                self.bridge = ToolBridge(config, self.settings.bridge_call_timeout, self._local)
+                await self.bridge.start(task_group, wait=BRIDGE_STARTUP_WAIT)
+            hooks = ExecutorHooks(tools=self.bridge, progress=sessions.on_progress)
+            self._backend = await prepare_backend(self.settings, hooks, task_group)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        self._pool = ReadyPool(
+            self._backend.start,
+            size=self.settings.pool_size,
+            task_group=task_group,
+            acquire_timeout=self.settings.acquire_timeout,
+        )
+        self._pool.fill()
+        sessions.attach(self._pool)
+        self._sessions = sessions
+        task_group.start_soon(sessions.expire_idle)
+        logger.info(
+            "mcp-sandbox %s: %s backend, %d sandboxes kept ready",
+            __version__,
+            self._backend.name,
+            self.settings.pool_size,
+        )
+        return self
+
+    async def execute(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        session_id: str | None = None,
+        progress: ProgressReport | None = None,
+    ) -> ExecutionResult:
+        """Check the call, run the code (the policy first, when it is on), keep the record and
+        copy output files out.
+
+        Raises InvalidRequest for arguments over a limit, and PoolUnavailable or
+        SessionLimitReached when no sandbox can be had.
+        """
+        settings = self.settings
+        check_request(settings, code, session_id, timeout)
+        if settings.policy == "strict" and (reason := policy_violation(code)) is not None:
+            rejected = ExecutionResult.failure("Rejected", reason, backend=self.backend.name)
+            result = rejected.model_copy(update={"session_id": session_id})
+        else:
+            result = await self.sessions.run(
+                code, timeout=settings.clamp_timeout(timeout), session_id=session_id, progress=progress
+            )
+        if settings.output_dir is not None and result.files:
+            await anyio.to_thread.run_sync(result.save_files, settings.output_dir)
+        await self.record.add(code, result)
+        return result
+
+    async def reset_session(self, session_id: str) -> bool:
+        """Drop a session and stop its sandbox; False when there was none. Raises InvalidRequest."""
+        check_request(self.settings, "", session_id, None)
+        return await self.sessions.reset(session_id)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._stack.aclose()
+
+    async def _stop(self, task_group: anyio.abc.TaskGroup) -> None:
+        with anyio.CancelScope(shield=True):
+            if self._sessions is not None:
+                await self._sessions.close()
+            if self._pool is not None:
+                await self._pool.close()
+        task_group.cancel_scope.cancel()

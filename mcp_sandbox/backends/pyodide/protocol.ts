@@ -1,0 +1,170 @@
+// Generated from mcp_sandbox/protocol.py by mcp_sandbox/backends/pyodide/typescript.py: do not edit.
+export const MAX_TOOL_REPLY_CHARS = 8388608;
+export const SYNC_REPLY_MAX_BYTES = 33619968;
+export const SYNC_DATA_INITIAL_BYTES = 65536;
+export const SYNC_STATE = 0;
+export const SYNC_LENGTH = 1;
+export const SYNC_WAITING = 0;
+export const SYNC_REPLY_READY = 1;
+export const SYNC_INTERRUPTED = 2;
+export const INTERRUPT_SIGNAL = 2;
+export const EXIT_SANDBOX_GONE = 70;
+export const JIT_WARM_UP_IDLE_MS = 250;
+export const JIT_WARM_UP_ROUNDS_AT_START = 3;
+export const OUTPUT_DIR = "output";
+export const DATA_DIR = "data";
+export const PASSING_KINDS = ["progress", "tool_call", "ready", "fatal"] as const;
+export const REPLY_INTERRUPTED = "{\"ok\": false, \"interrupted\": true}";
+
+export type OutputLimits = {
+  max_files: number;
+  max_bytes: number;
+  max_figures: number;
+};
+
+export type GuestLimits = {
+  max_output_chars: number;
+  output: OutputLimits;
+};
+
+export type GuestFile = {
+  path: string;
+  size: number;
+  data?: string;
+};
+
+export type GuestOutcome = {
+  success: boolean;
+  stdout: string;
+  stderr: string;
+  result: string | null;
+  error_type: string | null;
+  error: string | null;
+  truncated: boolean;
+  files?: GuestFile[];
+  figures?: string[];
+  notes?: string[];
+};
+
+export type InitMessage = {
+  type: "init";
+  token: string;
+  guest_modules: [string, string][];
+  limits: GuestLimits;
+  pyodide_dir?: string;
+  data_dir?: string;
+  packages_dir?: string;
+  allow_net?: string;
+  snapshot?: string;
+};
+
+export type RunMessage = {
+  type: "run";
+  id: number;
+  code: string;
+  tools?: string;
+};
+
+export type InterruptMessage = {
+  type: "interrupt";
+  id: number;
+};
+
+export type JitWarmUpMessage = {
+  type: "jit_warm_up";
+  rounds: number;
+};
+
+export type ToolResultMessage = {
+  type: "tool_result";
+  call: number;
+  reply: string;
+};
+
+export type HostMessage =
+  | InitMessage
+  | RunMessage
+  | InterruptMessage
+  | JitWarmUpMessage
+  | ToolResultMessage;
+
+export type ReadyMessage = {
+  type: "ready";
+  python: string;
+  pyodide: string | null;
+  load_ms: number;
+};
+
+export type ResultMessage = {
+  type: "result";
+  id: number;
+  outcome: GuestOutcome;
+};
+
+export type CrashedMessage = {
+  type: "crashed";
+  id: number | null;
+  message: string;
+};
+
+export type FatalMessage = {
+  type: "fatal";
+  message: string;
+};
+
+export type ProgressMessage = {
+  type: "progress";
+  line: string;
+};
+
+export type ToolCallMessage = {
+  type: "tool_call";
+  call: number;
+  server: string;
+  tool: string;
+  arguments: string;
+};
+
+export type RunnerMessage =
+  | ReadyMessage
+  | ResultMessage
+  | CrashedMessage
+  | FatalMessage
+  | ProgressMessage
+  | ToolCallMessage;
+
+export type WorkerInit = {
+  type: "init";
+  guest_modules: [string, string][];
+  limits: GuestLimits;
+  interruptBuffer: Uint8Array;
+  syncState: Int32Array;
+  syncData: SharedArrayBuffer;
+  packagesDir?: string;
+  snapshot?: string;
+};
+
+export type DataFile = {
+  path: string;
+  bytes: Uint8Array;
+};
+
+export type WorkerData = {
+  type: "data";
+  files: DataFile[];
+  removed: string[];
+};
+
+export type WorkerMessage =
+  | WorkerInit
+  | WorkerData
+  | RunMessage
+  | JitWarmUpMessage
+  | ToolResultMessage;
+
+export type WorkerPost = {
+  id: number | null;
+  json: string;
+  exiting: boolean;
+  syncCall?: number;
+};

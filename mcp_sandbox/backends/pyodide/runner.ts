@@ -1,0 +1,225 @@
+// Host-facing side of the sandbox: owns stdin/stdout and one Pyodide Worker.
+// Every message and constant comes from protocol.ts, generated from mcp_sandbox/protocol.py.
+//
+// The main thread never runs sandboxed code, so it stays free to read an `interrupt`
+// while the worker is busy, and it alone knows the session token that marks genuine
+// lines on stdout: code in the worker can write to stdout, but cannot forge a token.
+import {
+  EXIT_SANDBOX_GONE,
+  type HostMessage,
+  type InitMessage,
+  INTERRUPT_SIGNAL,
+  MAX_TOOL_REPLY_CHARS,
+  PASSING_KINDS,
+  type RunnerMessage,
+  SYNC_DATA_INITIAL_BYTES,
+  SYNC_INTERRUPTED,
+  SYNC_LENGTH,
+  SYNC_REPLY_MAX_BYTES,
+  SYNC_REPLY_READY,
+  SYNC_STATE,
+  type WorkerData,
+  type WorkerInit,
+  type WorkerMessage,
+  type WorkerPost,
+} from "./protocol.ts";
+
+const PASSING = new Set<string>(PASSING_KINDS);
+
+const encoder = new TextEncoder();
+let token = "";
+let runningId: number | null = null;
+// Pyodide polls this byte; writing 2 (SIGINT) raises KeyboardInterrupt in the running code.
+const interruptBuffer = new Uint8Array(new SharedArrayBuffer(1));
+
+// A blocking tool call (the layout is in protocol.py): the worker sleeps in Atomics.wait until
+// this thread writes the reply into syncData and wakes it.
+const syncState = new Int32Array(new SharedArrayBuffer(8));
+const syncData = new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
+let pendingSyncCall: number | null = null;
+
+function wakeWorker(state: number): void {
+  pendingSyncCall = null;
+  Atomics.store(syncState, SYNC_STATE, state);
+  Atomics.notify(syncState, SYNC_STATE);
+}
+
+function answerSyncCall(reply: string): void {
+  let bytes = encoder.encode(reply);
+  if (bytes.length > SYNC_REPLY_MAX_BYTES) {
+    const error = `the tool's reply is over ${MAX_TOOL_REPLY_CHARS} characters`;
+    bytes = encoder.encode(JSON.stringify({ ok: false, error }));
+  }
+  if (bytes.length > syncData.byteLength) syncData.grow(bytes.length);
+  new Uint8Array(syncData).set(bytes);
+  syncState[SYNC_LENGTH] = bytes.length;
+  wakeWorker(SYNC_REPLY_READY);
+}
+
+function sendMessage(message: RunnerMessage): void {
+  send(JSON.stringify(message));
+}
+
+function send(payload: string): void {
+  // Payloads from the worker are already JSON; wrapping avoids a parse and re-encode.
+  const line = `{"token":${JSON.stringify(token)},"msg":${payload}}\n`;
+  const bytes = encoder.encode(line);
+  let written = 0;
+  while (written < bytes.length) written += Deno.stdout.writeSync(bytes.subarray(written));
+}
+
+let worker: Worker | null = null;
+
+// data/: this thread copies the host's data folder into the worker (regular files only, never
+// links, so nothing outside the folder is read), when a sandbox starts and when a file changes.
+// The worker itself has no permission to read the folder.
+const sentData = new Map<string, string>();
+
+function dataChanges(root: string): Omit<WorkerData, "type"> {
+  const files: WorkerData["files"] = [];
+  const seen = new Set<string>();
+  const walk = (folder: string, relative: string): void => {
+    for (const entry of Deno.readDirSync(folder)) {
+      const path = relative ? `${relative}/${entry.name}` : entry.name;
+      if (entry.isDirectory) walk(`${folder}/${entry.name}`, path);
+      if (!entry.isFile) continue;
+      const info = Deno.lstatSync(`${folder}/${entry.name}`);
+      const stamp = `${info.size}:${info.mtime?.getTime()}`;
+      seen.add(path);
+      if (sentData.get(path) === stamp) continue;
+      files.push({ path, bytes: Deno.readFileSync(`${folder}/${entry.name}`) });
+      sentData.set(path, stamp);
+    }
+  };
+  walk(root, "");
+  const removed = [...sentData.keys()].filter((path) => !seen.has(path));
+  for (const path of removed) sentData.delete(path);
+  return { files, removed };
+}
+
+function sendData(target: Worker, root: string | undefined): void {
+  if (!root) return;
+  try {
+    const { files, removed } = dataChanges(root);
+    if (files.length || removed.length) {
+      const message: WorkerData = { type: "data", files, removed };
+      target.postMessage(message, files.map((file) => file.bytes.buffer as ArrayBuffer));
+    }
+  } catch (error) {
+    sendMessage({ type: "progress", line: `data/ could not be refreshed: ${error}` });
+  }
+}
+
+let init: InitMessage | null = null;
+
+function startWorker(message: InitMessage): Worker {
+  // The worker runs sandboxed code: it gets less than this thread, only what loading Pyodide
+  // and its packages needs, and the network hosts the operator allowed.
+  const read = [new URL(".", import.meta.url).pathname, message.pyodide_dir!];
+  if (message.packages_dir) read.push(message.packages_dir);
+  if (message.snapshot) read.push(message.snapshot);
+  const permissions = {
+    read,
+    net: message.allow_net ? message.allow_net.split(",") : false,
+    env: false,
+    run: false,
+    write: false,
+    ffi: false,
+    sys: false,
+    import: false,
+  } as const;
+  const started = new Worker(new URL("./worker.ts", import.meta.url), {
+    type: "module",
+    deno: { permissions },
+  } as WorkerOptions);
+  started.onmessage = (event: MessageEvent<WorkerPost>) => {
+    const { id, json, exiting, syncCall } = event.data;
+    if (id === null) {
+      // Sandboxed code can post too: between results only these kinds pass, never a result.
+      let kind: unknown;
+      try {
+        kind = JSON.parse(json)?.type;
+      } catch {
+        kind = undefined;
+      }
+      if (!PASSING.has(kind as string)) {
+        if (exiting) Deno.exit(EXIT_SANDBOX_GONE);
+        return;
+      }
+      if (syncCall !== undefined) pendingSyncCall = syncCall;
+    } else if (id === runningId) {
+      runningId = null;
+    } else {
+      if (exiting) Deno.exit(EXIT_SANDBOX_GONE);
+      return; // a result for a run that is not running is forged or stale
+    }
+    send(json);
+    // A worker that crashed or exited is gone for good, and so is this sandbox.
+    if (exiting) Deno.exit(EXIT_SANDBOX_GONE);
+  };
+  started.onerror = (event: ErrorEvent) => {
+    event.preventDefault();
+    sendMessage({ type: "fatal", message: `worker error: ${event.message}` });
+    Deno.exit(EXIT_SANDBOX_GONE);
+  };
+  const init: WorkerInit = {
+    type: "init",
+    guest_modules: message.guest_modules,
+    limits: message.limits,
+    interruptBuffer,
+    syncState,
+    syncData,
+    ...(message.packages_dir ? { packagesDir: message.packages_dir } : {}),
+    ...(message.snapshot ? { snapshot: message.snapshot } : {}),
+  };
+  started.postMessage(init);
+  sendData(started, message.data_dir);
+  return started;
+}
+
+function toWorker(message: WorkerMessage): void {
+  worker?.postMessage(message);
+}
+
+function handle(message: HostMessage): void {
+  switch (message.type) {
+    case "init":
+      token = message.token;
+      init = message;
+      worker ??= startWorker(message);
+      break;
+    case "run":
+      runningId = message.id;
+      if (worker) sendData(worker, init?.data_dir);
+      toWorker(message);
+      break;
+    case "jit_warm_up":
+      toWorker(message);
+      break;
+    case "interrupt":
+      // Only the run the host means: a late interrupt must not hit the next program.
+      if (runningId === message.id) {
+        Atomics.store(interruptBuffer, 0, INTERRUPT_SIGNAL);
+        if (pendingSyncCall !== null) wakeWorker(SYNC_INTERRUPTED);
+      }
+      break;
+    case "tool_result":
+      if (message.call === pendingSyncCall) answerSyncCall(message.reply);
+      else toWorker(message);
+      break;
+  }
+}
+
+const decoder = new TextDecoder();
+let pending = "";
+for await (const chunk of Deno.stdin.readable) {
+  pending += decoder.decode(chunk, { stream: true });
+  let newline: number;
+  while ((newline = pending.indexOf("\n")) >= 0) {
+    const line = pending.slice(0, newline);
+    pending = pending.slice(newline + 1);
+    if (line.trim()) handle(JSON.parse(line) as HostMessage);
+  }
+}
+// The host closed stdin: it is done with this sandbox.
+Deno.exit(0);

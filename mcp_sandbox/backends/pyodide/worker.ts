@@ -1,0 +1,334 @@
+/// <reference lib="deno.worker" />
+// Sandbox side: hosts Pyodide and runs programs through the guest runtime
+// (mcp_sandbox/backends/guest.py), which returns each outcome as JSON text. Messages and
+// constants come from protocol.ts; the exact Pyodide version is pinned once, in deno.json.
+import { loadPyodide, type PyodideInterface } from "pyodide";
+import { HOME, PYODIDE_OPTIONS } from "./options.ts";
+import {
+  DATA_DIR,
+  type GuestLimits,
+  JIT_WARM_UP_IDLE_MS,
+  JIT_WARM_UP_ROUNDS_AT_START,
+  OUTPUT_DIR,
+  REPLY_INTERRUPTED,
+  type RunMessage,
+  type RunnerMessage,
+  SYNC_LENGTH,
+  SYNC_REPLY_READY,
+  SYNC_STATE,
+  SYNC_WAITING,
+  type WorkerData,
+  type WorkerInit,
+  type WorkerMessage,
+  type WorkerPost,
+} from "./protocol.ts";
+
+type PyCallable = ((...args: unknown[]) => unknown) & { destroy?: () => void };
+// The guest's ToolChannel, which JavaScript hands each tool_result to.
+type PyChannel = { deliver(call: number, reply: string): void };
+type PyModule = { [name: string]: PyCallable } & { destroy(): void };
+
+let pyodide: PyodideInterface;
+let interpreter: unknown;
+let runJson: PyCallable;
+let jitWarmUp: PyCallable;
+let channel: PyChannel;
+let interruptBuffer: Uint8Array;
+let currentId: number | null = null;
+const postToMain = self.postMessage.bind(self);
+
+function post(id: number | null, json: string, exiting = false, syncCall?: number): void {
+  const message: WorkerPost = { id, json, exiting, ...(syncCall === undefined ? {} : { syncCall }) };
+  postToMain(message);
+}
+
+function postMessage(id: number | null, message: RunnerMessage, exiting = false): void {
+  post(id, JSON.stringify(message), exiting);
+}
+
+// A blocking tool call: post it, then sleep in Atomics.wait until the main thread has the
+// reply in shared memory (see runner.ts and protocol.py).
+let syncState: Int32Array;
+let syncData: SharedArrayBuffer;
+const decoder = new TextDecoder();
+
+function blockOnToolCall(call: number, message: string): string {
+  Atomics.store(syncState, SYNC_STATE, SYNC_WAITING);
+  post(null, message, false, call);
+  Atomics.wait(syncState, SYNC_STATE, SYNC_WAITING);
+  if (Atomics.load(syncState, SYNC_STATE) !== SYNC_REPLY_READY) {
+    // The guest raises KeyboardInterrupt itself; a buffer left set would raise a second one
+    // later, inside the runtime's own reporting.
+    interruptBuffer[0] = 0;
+    return REPLY_INTERRUPTED;
+  }
+  const length = syncState[SYNC_LENGTH];
+  // TextDecoder refuses views of shared memory, so the reply is copied out first.
+  const bytes = new Uint8Array(length);
+  bytes.set(new Uint8Array(syncData, 0, length));
+  return decoder.decode(bytes);
+}
+
+// Sandboxed code may end the worker itself (js.Deno.exit, js.close); a worker that ends
+// silently would leave the host waiting, so each way out says so first. The wrappers are
+// non-configurable: sandboxed code can neither replace nor unwrap them.
+function announceExit(target: object, name: string): void {
+  const original = (target as Record<string, (...args: unknown[]) => unknown>)[name].bind(target);
+  Object.defineProperty(target, name, {
+    configurable: false,
+    writable: false,
+    value: (...args: unknown[]) => {
+      const message = `the sandbox called ${name}(${args.map(String).join(", ")})`;
+      postMessage(currentId, { type: "crashed", id: currentId, message }, true);
+      return original(...args);
+    },
+  });
+}
+announceExit(Deno, "exit");
+announceExit(self, "close");
+
+// The session's working directory: data/ is a read-only copy of the host's data folder, sent
+// by the runner's main thread (this worker may not read the folder); output/ is where the
+// program leaves files for the host.
+const GUEST_DATA = `${HOME}/${DATA_DIR}`;
+
+function setFolderModes(folder: string, mode: number): void {
+  const FS = pyodide.FS;
+  FS.chmod(folder, mode);
+  for (const name of FS.readdir(folder)) {
+    if (name === "." || name === "..") continue;
+    const path = `${folder}/${name}`;
+    if (FS.isDir(FS.stat(path).mode)) setFolderModes(path, mode);
+  }
+}
+
+function applyData({ files, removed }: WorkerData): void {
+  const FS = pyodide.FS;
+  setFolderModes(GUEST_DATA, 0o755);
+  try {
+    for (const path of removed) {
+      try {
+        FS.unlink(`${GUEST_DATA}/${path}`);
+      } catch { /* already gone */ }
+    }
+    for (const { path, bytes } of files) {
+      const target = `${GUEST_DATA}/${path}`;
+      FS.mkdirTree(target.slice(0, target.lastIndexOf("/")));
+      if (FS.analyzePath(target).exists) FS.chmod(target, 0o644);
+      FS.writeFile(target, bytes);
+      FS.chmod(target, 0o444);
+    }
+  } finally {
+    setFolderModes(GUEST_DATA, 0o555);
+  }
+}
+
+// Packages: imports of Pyodide's own packages (numpy, pandas, ...) and of wheels placed in the
+// packages folder load from that folder on demand; the sandbox has no network to fetch them.
+let packagesDir: string | null = null;
+let findImports: PyCallable | null = null;
+let importedModules: { has(name: string): boolean } | null = null; // sys.modules
+const loadedWheels = new Set<string>();
+
+function normalize(name: string): string {
+  return name.toLowerCase().replace(/[-_.]+/g, "_");
+}
+
+function wheelsInFolder(): Map<string, string> {
+  const wheels = new Map<string, string>();
+  for (const entry of Deno.readDirSync(packagesDir!)) {
+    if (entry.isFile && entry.name.endsWith(".whl")) {
+      wheels.set(normalize(entry.name.split("-")[0]), `${packagesDir}/${entry.name}`);
+    }
+  }
+  return wheels;
+}
+
+async function loadImports(code: string): Promise<string[]> {
+  // Only an import statement can need a package: most programs skip the parse altogether.
+  if (packagesDir === null || !code.includes("import")) return [];
+  const problems: string[] = [];
+  const quiet = { messageCallback: () => {}, errorCallback: (text: string) => problems.push(text) };
+  try {
+    const found = findImports!(code) as { toJs(): string[]; destroy(): void };
+    const names = found.toJs();
+    found.destroy();
+    // A module the session has imported already needs no package.
+    if (names.every((name) => importedModules!.has(name.split(".")[0]))) return [];
+    await pyodide.loadPackagesFromImports(code, quiet);
+    const wanted = names.map((name) => normalize(name.split(".")[0])).filter((n) => !loadedWheels.has(n));
+    if (wanted.length) {
+      const wheels = wheelsInFolder();
+      for (const name of wanted) {
+        const wheel = wheels.get(name);
+        if (wheel === undefined) continue;
+        await pyodide.loadPackage(wheel, quiet);
+        loadedWheels.add(name);
+      }
+    }
+  } catch (error) {
+    problems.push(String(error));
+  }
+  return problems.map((text) =>
+    `package loading: ${text} (fill the packages folder with \`mcp-sandbox fetch --packages NAME\`)`
+  );
+}
+
+// Installs the guest's modules (mcp_sandbox.protocol, then the guest runtime) from their source,
+// as the CPython worker does.
+const LOAD_MODULE = `
+def load_module(name, source):
+    import sys, types
+    module = types.ModuleType(name)
+    module.__file__ = f"<{name}>"
+    sys.modules[name] = module
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module
+load_module
+`;
+
+async function init(message: WorkerInit): Promise<void> {
+  const started = performance.now();
+  const { packagesDir: packages, snapshot } = message;
+  const snapshotBytes = snapshot ? Deno.readFileSync(snapshot) : undefined;
+  pyodide = await loadPyodide({
+    ...PYODIDE_OPTIONS,
+    ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
+    // Restoring the interpreter's memory skips most of the start-up (see snapshot.ts).
+    ...(snapshotBytes ? { _loadSnapshot: snapshotBytes } : {}),
+  });
+  // Pyodide keeps a reference to its options: detaching the copied-in snapshot frees ~20 MB.
+  snapshotBytes?.buffer.transfer(0);
+  if (packages) {
+    packagesDir = packages;
+    findImports = pyodide.pyimport("pyodide.code").find_imports;
+    importedModules = pyodide.pyimport("sys").modules;
+  }
+  pyodide.FS.mkdirTree(`${HOME}/${OUTPUT_DIR}`);
+  pyodide.FS.mkdirTree(GUEST_DATA);
+  pyodide.FS.chdir(HOME);
+  interruptBuffer = message.interruptBuffer as Uint8Array;
+  pyodide.setInterruptBuffer(interruptBuffer);
+  syncState = message.syncState as Int32Array;
+  syncData = message.syncData as SharedArrayBuffer;
+  const loadModule = pyodide.runPython(LOAD_MODULE) as PyCallable;
+  let guest: PyModule | undefined;
+  for (const [name, source] of message.guest_modules) {
+    guest?.destroy();
+    guest = loadModule(name, source) as PyModule;
+  }
+  loadModule.destroy?.();
+  const sendToHost = (json: string) => post(null, json);
+  channel = guest!.ToolChannel(sendToHost, blockOnToolCall) as PyChannel;
+  const limits = pyodide.toPy(message.limits as GuestLimits);
+  // The host cannot read this sandbox's files: output files travel inline.
+  interpreter = guest!.Interpreter(limits, channel, true);
+  limits.destroy();
+  runJson = guest!.run_json;
+  jitWarmUp = guest!.jit_warm_up; // borrowed from the module's proxy, which therefore stays
+  // The first runs compile much of the runtime lazily (the first takes ~20 ms): do a few before
+  // `ready`, in a throwaway interpreter, so a sandbox's first calls from the pool do not pay for it.
+  jitWarmUp(JIT_WARM_UP_ROUNDS_AT_START);
+  postMessage(null, {
+    type: "ready",
+    python: pyodide.pyimport("sys").version.split(" ")[0],
+    pyodide: pyodide.version,
+    load_ms: Math.round(performance.now() - started),
+  });
+}
+
+async function run(message: RunMessage): Promise<void> {
+  const id = message.id;
+  interruptBuffer[0] = 0;
+  currentId = id;
+  let outcome: unknown;
+  let problems: string[] = [];
+  try {
+    problems = await loadImports(message.code);
+    outcome = runJson(interpreter, message.code, message.tools);
+    if (typeof outcome !== "string") {
+      // A program with top-level `await` comes back as an awaitable.
+      const awaitable = outcome as Promise<string> & { destroy?: () => void };
+      outcome = await awaitable;
+      awaitable.destroy?.();
+    }
+  } catch (error) {
+    // The guest runtime catches every Python exception, so this is Pyodide itself failing.
+    postMessage(id, { type: "crashed", id, message: String(error) }, true);
+    return;
+  } finally {
+    currentId = null;
+  }
+  if (problems.length) {
+    const parsed = JSON.parse(outcome as string);
+    parsed.notes = [...problems, ...(parsed.notes ?? [])];
+    outcome = JSON.stringify(parsed);
+  }
+  post(id, `{"type":"result","id":${id},"outcome":${outcome as string}}`);
+}
+
+// JIT warm-up: V8 compiles Pyodide's hot WebAssembly functions only after they have run many
+// times, so a new sandbox runs Python several times slower for its first few hundred calls.
+// Asked to, a sandbox spends idle time between calls running a sample program, one round per
+// task, and only once no message has come for a while: a caller sending calls back to back
+// never waits behind it.
+let warmUpLeft = 0;
+let waiting = 0;
+let lastMessageAt = 0;
+
+function warmUpStep(): void {
+  if (warmUpLeft <= 0) return;
+  const quiet = performance.now() - lastMessageAt;
+  if (waiting > 0 || quiet < JIT_WARM_UP_IDLE_MS) {
+    setTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS - Math.min(quiet, JIT_WARM_UP_IDLE_MS) + 1);
+    return;
+  }
+  try {
+    jitWarmUp(1);
+    warmUpLeft -= 1;
+  } catch {
+    warmUpLeft = 0; // a sandbox whose warm-up fails still serves calls, only slower
+  }
+  setTimeout(warmUpStep, 0);
+}
+
+// init, data and run are handled one after another, in order; a tool_result must not wait
+// behind the run that is waiting for it, so it is handled at once.
+let queue: Promise<void> = Promise.resolve();
+
+async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }>): Promise<void> {
+  switch (message.type) {
+    case "init":
+      try {
+        await init(message);
+      } catch (error) {
+        postMessage(null, { type: "fatal", message: `Pyodide failed to load: ${error}` });
+      }
+      break;
+    case "data":
+      applyData(message);
+      break;
+    case "run":
+      await run(message);
+      break;
+    case "jit_warm_up":
+      if (warmUpLeft <= 0) setTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS);
+      warmUpLeft = message.rounds;
+      break;
+  }
+}
+
+self.onmessage = (event: MessageEvent<WorkerMessage>) => {
+  const message = event.data;
+  if (message.type === "tool_result") {
+    channel.deliver(message.call, message.reply);
+    return;
+  }
+  waiting++;
+  queue = queue.then(() => handle(message)).catch((error) => {
+    postMessage(null, { type: "progress", line: `sandbox set-up failed: ${error}` });
+  }).finally(() => {
+    waiting--;
+    lastMessageAt = performance.now(); // quiet time counts from the end of the last run
+  });
+};

@@ -1,0 +1,382 @@
+"""Every message that crosses a process or language boundary, and every size cap they share.
+
+Standard library only: this module is also loaded inside every sandbox (the runners install it
+as `mcp_sandbox.protocol` before the guest runtime), and the Deno runner's TypeScript types and
+constants are generated from it (`backends/pyodide/protocol.ts`, checked by the tests).
+
+Host <-> runner. One JSON object per line: host -> runner on the runner's stdin, runner -> host
+on its stdout. Every runner line is an envelope ``{"token": <str>, "msg": <RunnerMessage>}``;
+the token is a random secret the host sends in ``init``. Only the runner's own thread knows it,
+and sandboxed code never runs there, so a line the sandbox prints itself carries no valid token
+and is dropped. Closing the runner's stdin asks it to exit.
+
+    host -> runner                          runner -> host
+    init         once, first                ready      the sandbox can run programs
+    run          run a program              result     run ``id`` ended (a GuestOutcome)
+    interrupt    stop run ``id``            crashed    the runtime failed during run ``id``
+    jit_warm_up  spend idle time on the JIT fatal      the runner cannot go on
+    tool_result  answer tool_call ``call``  progress   the latest line the program printed
+                                            tool_call  code calls tools.<server>.<tool>
+
+Runner <-> worker (Pyodide only). The Deno runner's main thread (runner.ts) owns stdin/stdout
+and hosts Pyodide in a less-permitted Worker (worker.ts). Main -> worker: ``WorkerInit``,
+``WorkerData``, and the host's ``run``, ``jit_warm_up`` and ``tool_result`` as they came.
+Worker -> main: ``WorkerPost``, whose ``json`` is a RunnerMessage the main thread forwards.
+A blocking tool call uses shared memory: the worker posts the tool_call with ``syncCall`` set,
+then sleeps in ``Atomics.wait(syncState, SYNC_STATE, SYNC_WAITING)``; the main thread writes the
+reply's UTF-8 bytes into ``syncData`` (grown to fit, at most SYNC_REPLY_MAX_BYTES), their length
+into ``syncState[SYNC_LENGTH]``, and sets ``syncState[SYNC_STATE]`` to SYNC_REPLY_READY, or to
+SYNC_INTERRUPTED when the run is interrupted. Writing INTERRUPT_SIGNAL into ``interruptBuffer``
+raises KeyboardInterrupt in the running Python code.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any, Literal, NewType, NotRequired
+
+try:  # pydantic validates these on the host, and before Python 3.12 it needs this TypedDict
+    from typing_extensions import TypedDict
+except ImportError:  # inside a sandbox: the standard library's serves
+    from typing import TypedDict
+
+# Types that exist only on the JavaScript side (shared memory handed to the Pyodide worker).
+Uint8Array = NewType("Uint8Array", object)
+Int32Array = NewType("Int32Array", object)
+SharedArrayBuffer = NewType("SharedArrayBuffer", object)
+
+# --- Size caps and constants (each has this one value, in Python and in TypeScript) ---
+
+#: Largest reply to a bridged tool call, in characters of JSON text.
+MAX_TOOL_REPLY_CHARS = 8 * 1024 * 1024
+#: The shared buffer a blocking tool call's reply travels in: 4 UTF-8 bytes per character, at most.
+SYNC_REPLY_MAX_BYTES = 4 * MAX_TOOL_REPLY_CHARS + 65_536
+#: The shared buffer's first size; it grows to fit a larger reply.
+SYNC_DATA_INITIAL_BYTES = 65_536
+#: Slots of ``syncState`` (an Int32Array of two).
+SYNC_STATE, SYNC_LENGTH = 0, 1
+#: Values of ``syncState[SYNC_STATE]``.
+SYNC_WAITING, SYNC_REPLY_READY, SYNC_INTERRUPTED = 0, 1, 2
+#: What the runner writes into Pyodide's interrupt buffer: SIGINT, raising KeyboardInterrupt.
+INTERRUPT_SIGNAL = 2
+#: The runner's exit status when its sandbox is gone for good (worker crashed or exited).
+EXIT_SANDBOX_GONE = 70
+#: The JIT warm-up runs only after this long without a message from the host.
+JIT_WARM_UP_IDLE_MS = 250
+#: Rounds of the JIT warm-up a Pyodide sandbox runs before ``ready``.
+JIT_WARM_UP_ROUNDS_AT_START = 3
+#: A progress line is at most this long, and sent at most every PROGRESS_EVERY_S seconds.
+MAX_PROGRESS_LINE_CHARS = 200
+PROGRESS_EVERY_S = 0.5
+#: Files a program writes here (relative to its working directory) come back with the result.
+OUTPUT_DIR = "output"
+#: The sandbox's read-only copy of the host's data folder (relative to its working directory).
+DATA_DIR = "data"
+#: A program that leaves more files than this in output/ is not scanned further.
+MAX_SCANNED_FILES = 10_000
+#: Longest output file path a guest may report.
+MAX_OUTPUT_PATH_CHARS = 1024
+#: Notes a guest may attach to one outcome, each at most MAX_NOTE_CHARS.
+MAX_NOTES, MAX_NOTE_CHARS = 10, 500
+#: Room for the truncation marker when a guest caps a text field itself.
+MARKER_SLACK = 100
+TRUNCATION_MARKER = "\n... [{cut:,} characters truncated] ...\n"
+
+
+def max_line_bytes(max_output_chars: int, max_artifact_bytes: int = 0) -> int:
+    """Longest genuine runner line: four capped text fields, each char at most six JSON bytes,
+    plus figures and output files sent inline as base64 (4 characters for every 3 bytes)."""
+    return 4 * 6 * (max_output_chars + 200) + (max_artifact_bytes * 4) // 3 + 65_536
+
+
+def cap_text(text: str, limit: int) -> tuple[str, bool]:
+    """`text` within `limit` characters, keeping the first half and the last half around a
+    marker that says how much was cut; and whether anything was cut."""
+    head_limit, tail_limit = limit - limit // 2, limit // 2
+    if len(text) <= head_limit + tail_limit:
+        return text, False
+    head, tail = text[:head_limit], text[len(text) - tail_limit :] if tail_limit else ""
+    return head + TRUNCATION_MARKER.format(cut=len(text) - len(head) - len(tail)) + tail, True
+
+
+# --- What a run hands back ---
+
+
+class OutputLimits(TypedDict):
+    """What one run may hand back besides text."""
+
+    max_files: int
+    max_bytes: int
+    max_figures: int
+
+
+class GuestLimits(TypedDict):
+    """A sandbox's limits, fixed when it starts."""
+
+    max_output_chars: int
+    output: OutputLimits
+
+
+class GuestFile(TypedDict):
+    """A file the program wrote to output/: ``path`` relative to output/; ``data`` (base64) when
+    the host cannot read the sandbox's disk."""
+
+    path: str
+    size: int
+    data: NotRequired[str]
+
+
+class GuestOutcome(TypedDict):
+    """What the sandbox reports about one run. Untrusted: the host validates it."""
+
+    success: bool
+    stdout: str
+    stderr: str
+    result: str | None
+    error_type: str | None
+    error: str | None
+    truncated: bool
+    files: NotRequired[list[GuestFile]]
+    figures: NotRequired[list[str]]
+    notes: NotRequired[list[str]]
+
+
+# --- Replies to bridged tool calls (JSON text in tool_result.reply) ---
+
+
+class ToolReplyOk(TypedDict):
+    ok: Literal[True]
+    value: Any
+
+
+class ToolReplyError(TypedDict):
+    ok: Literal[False]
+    error: str
+
+
+class ToolReplyInterrupted(TypedDict):
+    """Only inside the sandbox: the run was interrupted while the call waited."""
+
+    ok: Literal[False]
+    interrupted: Literal[True]
+
+
+ToolReply = ToolReplyOk | ToolReplyError | ToolReplyInterrupted
+
+
+def reply_ok(value: Any) -> str:
+    return json.dumps(ToolReplyOk(ok=True, value=value), ensure_ascii=False)
+
+
+def reply_error(message: str) -> str:
+    return json.dumps(ToolReplyError(ok=False, error=message), ensure_ascii=False)
+
+
+REPLY_INTERRUPTED = json.dumps(ToolReplyInterrupted(ok=False, interrupted=True))
+
+# --- Host -> runner ---
+
+
+class InitMessage(TypedDict):
+    """First line, once. ``guest_modules``: (module name, Python source) pairs the runner loads
+    in order (this module, then the guest runtime). The host folders the sandbox reads: Pyodide,
+    data/, packages, the memory snapshot to start from; ``allow_net``: hosts it may reach."""
+
+    type: Literal["init"]
+    token: str
+    guest_modules: list[tuple[str, str]]
+    limits: GuestLimits
+    pyodide_dir: NotRequired[str]
+    data_dir: NotRequired[str]
+    packages_dir: NotRequired[str]
+    allow_net: NotRequired[str]
+    snapshot: NotRequired[str]
+
+
+class RunMessage(TypedDict):
+    """Run a program in the sandbox's interpreter. ``tools`` (JSON text, a list of catalog
+    ToolSpec) replaces the guest's `tools` first; sent only when the catalog changed."""
+
+    type: Literal["run"]
+    id: int
+    code: str
+    tools: NotRequired[str]
+
+
+class InterruptMessage(TypedDict):
+    """Raise KeyboardInterrupt in run ``id`` if it is still running (ignored otherwise)."""
+
+    type: Literal["interrupt"]
+    id: int
+
+
+class JitWarmUpMessage(TypedDict):
+    """(Pyodide) Spend idle time running a sample program ``rounds`` times so V8 compiles the
+    interpreter's hot code: one round at a time, after JIT_WARM_UP_IDLE_MS without a message."""
+
+    type: Literal["jit_warm_up"]
+    rounds: int
+
+
+class ToolResultMessage(TypedDict):
+    """The answer to tool_call number ``call``: ``reply`` is a ToolReply as JSON text."""
+
+    type: Literal["tool_result"]
+    call: int
+    reply: str
+
+
+HostMessage = InitMessage | RunMessage | InterruptMessage | JitWarmUpMessage | ToolResultMessage
+
+# --- Runner -> host ---
+
+
+class ReadyMessage(TypedDict):
+    """The sandbox is loaded; runs may be sent. ``pyodide`` is null on CPython."""
+
+    type: Literal["ready"]
+    python: str
+    pyodide: str | None
+    load_ms: int
+
+
+class ResultMessage(TypedDict):
+    type: Literal["result"]
+    id: int
+    outcome: GuestOutcome
+
+
+class CrashedMessage(TypedDict):
+    """The runtime itself failed during run ``id``; the sandbox is unusable."""
+
+    type: Literal["crashed"]
+    id: int | None
+    message: str
+
+
+class FatalMessage(TypedDict):
+    """The runner cannot go on (Pyodide failed to load)."""
+
+    type: Literal["fatal"]
+    message: str
+
+
+class ProgressMessage(TypedDict):
+    """The latest line the program printed (for progress reports)."""
+
+    type: Literal["progress"]
+    line: str
+
+
+class ToolCallMessage(TypedDict):
+    """Sandboxed code calls tools.<server>.<tool>; ``arguments`` is JSON text; ``call`` numbers
+    the calls of one sandbox. Answered by tool_result, possibly out of order."""
+
+    type: Literal["tool_call"]
+    call: int
+    server: str
+    tool: str
+    arguments: str
+
+
+RunnerMessage = (
+    ReadyMessage | ResultMessage | CrashedMessage | FatalMessage | ProgressMessage | ToolCallMessage
+)
+
+
+class Envelope(TypedDict):
+    token: str
+    msg: RunnerMessage
+
+
+def encode(message: HostMessage) -> bytes:
+    return json.dumps(message, ensure_ascii=False).encode() + b"\n"
+
+
+def envelope_prefix(token: str) -> str:
+    """What every genuine runner line starts with; the message's JSON and ``}`` follow."""
+    return '{"token":' + json.dumps(token) + ',"msg":'
+
+
+def open_envelope(line: bytes, token: str) -> dict[str, Any] | None:
+    """The (not yet validated) message inside a runner line, or None when the line is not genuine."""
+    try:
+        envelope = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(envelope, dict):
+        return None
+    sent_token = envelope.get("token")
+    message = envelope.get("msg")
+    if not isinstance(sent_token, str) or not isinstance(message, dict):
+        return None
+    if not hmac.compare_digest(sent_token.encode(), token.encode()):
+        return None
+    return message
+
+
+# --- The CPython worker's command line ---
+
+
+class ProcessLimits(TypedDict):
+    """The resource limits the CPython worker sets on itself (JSON, its one argument)."""
+
+    memory_mb: int
+    cpu_seconds: int
+    open_files: int
+    file_mb: int
+    processes: int
+
+
+# --- Runner <-> worker (Pyodide) ---
+
+
+class WorkerInit(TypedDict):
+    type: Literal["init"]
+    guest_modules: list[tuple[str, str]]
+    limits: GuestLimits
+    interruptBuffer: Uint8Array
+    syncState: Int32Array
+    syncData: SharedArrayBuffer
+    packagesDir: NotRequired[str]
+    snapshot: NotRequired[str]
+
+
+class DataFile(TypedDict):
+    path: str
+    bytes: Uint8Array
+
+
+class WorkerData(TypedDict):
+    """The host's data folder as it changed: files to (re)write under data/, paths removed."""
+
+    type: Literal["data"]
+    files: list[DataFile]
+    removed: list[str]
+
+
+WorkerMessage = WorkerInit | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage
+
+
+class WorkerPost(TypedDict):
+    """Worker -> main thread. ``json`` is a RunnerMessage; ``id`` is set only on the message that
+    ends run ``id`` (its result, or a crash); ``exiting``: the worker is gone after this one;
+    ``syncCall``: the tool_call in ``json`` blocks on the shared-memory reply."""
+
+    id: int | None
+    json: str
+    exiting: bool
+    syncCall: NotRequired[int]
+
+
+#: Runner messages a worker may post between results; anything else without a run id is dropped.
+PASSING_KINDS = ("progress", "tool_call", "ready", "fatal")
+
+
+# pydantic, validating on the host, refuses a field the protocol does not name: a runner and a
+# host that drift apart fail loudly instead of passing data nobody reads.
+for _message in [
+    value for value in list(globals().values()) if isinstance(value, type) and dict in value.__mro__
+]:
+    _message.__pydantic_config__ = {"extra": "forbid"}  # type: ignore[attr-defined]

@@ -1,0 +1,63 @@
+"""One wire contract: the runner's TypeScript is generated from mcp_sandbox/protocol.py and
+type-checked against it, and the host refuses any message the protocol does not describe."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mcp_sandbox.backends.process import Malformed, _parse
+from mcp_sandbox.backends.pyodide import RUNNER_DIR, find_deno
+from mcp_sandbox.backends.pyodide.typescript import TARGET, render
+from mcp_sandbox.settings import Settings
+
+
+def test_protocol_ts_is_generated_from_protocol_py() -> None:
+    assert TARGET.read_text(encoding="utf-8") == render(), (
+        "protocol.ts is out of date: run python -m mcp_sandbox.backends.pyodide.typescript"
+    )
+
+
+def test_the_generated_file_carries_every_message_and_shared_constant() -> None:
+    text = render()
+    for name in ("RunMessage", "ToolCallMessage", "WorkerInit", "WorkerPost", "GuestOutcome"):
+        assert f"export type {name} = " in text
+    assert "export const SYNC_REPLY_MAX_BYTES = 33619968;" in text
+    assert "export const MAX_TOOL_REPLY_CHARS = 8388608;" in text
+
+
+def test_the_runner_type_checks_against_the_generated_protocol() -> None:
+    """`deno check`: a field the runner reads or sends that protocol.py lacks fails here."""
+    settings = Settings()
+    deno = find_deno(settings)
+    deno_dir = settings.cache_dir / "deno"
+    if deno is None or not any(deno_dir.glob("npm/*/pyodide")):
+        pytest.skip("needs Deno and Pyodide in the cache (any test on the pyodide backend fetches them)")
+    files = [str(RUNNER_DIR / name) for name in ("runner.ts", "worker.ts", "snapshot.ts")]
+    done = subprocess.run(
+        [str(deno), "check", "--quiet", "--config", str(RUNNER_DIR / "deno.json"), *files],
+        env={**os.environ, "DENO_DIR": str(deno_dir), "NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_field_the_protocol_does_not_name_is_refused() -> None:
+    assert _parse({"type": "progress", "line": "hi"}) == {"type": "progress", "line": "hi"}
+    assert isinstance(_parse({"type": "progress", "line": "hi", "colour": "red"}), Malformed)
+    assert isinstance(_parse({"type": "ready", "python": "3.11.7"}), Malformed), "missing fields"
+    nested = {"success": True, "stdout": "", "stderr": "", "result": None, "error_type": None}
+    nested |= {"error": None, "truncated": False, "files": [{"path": "a", "size": 1, "owner": "root"}]}
+    refused = _parse({"type": "result", "id": 3, "outcome": nested})
+    assert refused == Malformed("result", 3)
+
+
+def test_the_runner_files_ship_inside_the_package() -> None:
+    assert RUNNER_DIR == Path(__file__).resolve().parents[2] / "mcp_sandbox" / "backends" / "pyodide"
+    assert {"runner.ts", "worker.ts", "protocol.ts", "deno.json"} <= {p.name for p in RUNNER_DIR.iterdir()}

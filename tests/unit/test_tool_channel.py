@@ -1,0 +1,69 @@
+"""The guest's one ToolChannel, which all three runners use for bridged calls and progress."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+from mcp_sandbox.backends.guest import ToolChannel
+from mcp_sandbox.protocol import reply_ok
+
+
+class Host:
+    """Answers each tool_call from another thread, as a runner's reader thread does."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, object]] = []
+        self.channel = ToolChannel(self.send)
+
+    def send(self, payload: str) -> None:
+        message = json.loads(payload)
+        self.sent.append(message)
+        if message["type"] == "tool_call":
+            reply = reply_ok({"echo": json.loads(str(message["arguments"])), "tool": message["tool"]})
+            threading.Timer(0.01, self.channel.deliver, (message["call"], reply)).start()
+
+
+def test_a_blocking_call_waits_for_the_reply_from_another_thread() -> None:
+    host = Host()
+    reply = json.loads(host.channel.call_sync("calc", "add", '{"a": 1}'))
+    assert reply == {"ok": True, "value": {"echo": {"a": 1}, "tool": "add"}}
+    assert host.sent == [
+        {"type": "tool_call", "call": 1, "server": "calc", "tool": "add", "arguments": '{"a": 1}'}
+    ]
+
+
+def test_async_calls_overlap_and_each_gets_its_own_reply() -> None:
+    host = Host()
+
+    async def both() -> list[str]:
+        return list(
+            await asyncio.gather(
+                host.channel.call_async("calc", "one", '{"n": 1}'),
+                host.channel.call_async("calc", "two", '{"n": 2}'),
+            )
+        )
+
+    replies = [json.loads(reply)["value"] for reply in asyncio.run(both())]
+    assert replies == [{"echo": {"n": 1}, "tool": "one"}, {"echo": {"n": 2}, "tool": "two"}]
+    assert [message["call"] for message in host.sent] == [1, 2]
+
+
+def test_a_runner_that_blocks_itself_is_used_instead_of_a_thread_event() -> None:
+    sent: list[str] = []
+
+    def block(call: int, message: str) -> str:  # Pyodide's Atomics.wait, in effect
+        sent.append(message)
+        return reply_ok(call)
+
+    channel = ToolChannel(sent.append, block)
+    assert json.loads(channel.call_sync("s", "t", "{}")) == {"ok": True, "value": 1}
+    assert json.loads(sent[0])["type"] == "tool_call"
+
+
+def test_progress_is_a_protocol_message_and_stray_replies_are_ignored() -> None:
+    host = Host()
+    host.channel.progress("50% done")
+    host.channel.deliver(99, reply_ok(None))  # no such call: nothing happens
+    assert host.sent == [{"type": "progress", "line": "50% done"}]
