@@ -49,7 +49,7 @@ def check_request(settings: Settings, code: str, session_id: str | None, timeout
             "(MCP_SANDBOX_MAX_CODE_CHARS)"
         )
     if session_id is not None and (
-        len(session_id) > MAX_SESSION_ID_CHARS or not re.match(SESSION_ID_PATTERN, session_id)
+        len(session_id) > MAX_SESSION_ID_CHARS or not re.fullmatch(SESSION_ID_PATTERN, session_id)
     ):
         raise InvalidRequest(
             f"session_id {session_id[:MAX_SESSION_ID_CHARS]!r}: use 1-{MAX_SESSION_ID_CHARS} of "

@@ -305,6 +305,8 @@ def print_check(check: Check) -> None:
 
 def _settings(args: argparse.Namespace, flags: CliSettingsSource[Settings] | None) -> Settings:
     """The settings: flags (for serve and run), then MCP_SANDBOX_* variables and .env."""
+    if getattr(args, "auth_token", None) is not None:
+        raise CliError("set the token in MCP_SANDBOX_AUTH_TOKEN, not on the command line (it shows in ps)")
     try:
         if flags is None:
             return Settings()

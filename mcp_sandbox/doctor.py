@@ -107,7 +107,9 @@ def check_pyodide_cache(settings: Settings) -> Check:
     try:
         version = pyodide_version()
     except SandboxStartError as error:
-        return Check("Pyodide", "failed", str(error), "reinstall mcp-sandbox: its deno/ folder is incomplete")
+        return Check(
+            "Pyodide", "failed", str(error), "reinstall mcp-sandbox: its Deno runner files are incomplete"
+        )
     # Where PyodideBackend.prepare() has Deno keep it.
     deno_dir = settings.cache_dir / "deno"
     if not any((deno_dir / "npm").glob(f"*/pyodide/{version}")):

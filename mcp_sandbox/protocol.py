@@ -5,10 +5,12 @@ as `mcp_sandbox.protocol` before the guest runtime), and the Deno runner's TypeS
 constants are generated from it (`backends/pyodide/protocol.ts`, checked by the tests).
 
 Host <-> runner. One JSON object per line: host -> runner on the runner's stdin, runner -> host
-on its stdout. Every runner line is an envelope ``{"token": <str>, "msg": <RunnerMessage>}``;
-the token is a random secret the host sends in ``init``. Only the runner's own thread knows it,
-and sandboxed code never runs there, so a line the sandbox prints itself carries no valid token
-and is dropped. Closing the runner's stdin asks it to exit.
+on its stdout. Every runner line is an envelope ``{"token": <str>, "msg": <RunnerMessage>}``
+(``envelope_prefix``); the token is a random secret the host sends in ``init``. In the Deno
+runner only the main thread knows it, and sandboxed code never runs there, so a line the
+sandbox prints itself carries no valid token and is dropped. (The CPython worker keeps the
+token in the sandbox's own process: a program there can forge its own results, as the README's
+security table says.) Closing the runner's stdin asks it to exit.
 
     host -> runner                          runner -> host
     init         once, first                ready      the sandbox can run programs
@@ -69,6 +71,8 @@ JIT_WARM_UP_ROUNDS_AT_START = 3
 #: A progress line is at most this long, and sent at most every PROGRESS_EVERY_S seconds.
 MAX_PROGRESS_LINE_CHARS = 200
 PROGRESS_EVERY_S = 0.5
+#: The guest runtime's module name: runners load the guest modules, then take this one.
+GUEST_RUNTIME_MODULE = "mcp_sandbox.backends.guest"
 #: Files a program writes here (relative to its working directory) come back with the result.
 OUTPUT_DIR = "output"
 #: The sandbox's read-only copy of the host's data folder (relative to its working directory).
@@ -285,11 +289,6 @@ RunnerMessage = (
 )
 
 
-class Envelope(TypedDict):
-    token: str
-    msg: RunnerMessage
-
-
 def encode(message: HostMessage) -> bytes:
     return json.dumps(message, ensure_ascii=False).encode() + b"\n"
 
@@ -301,9 +300,11 @@ def envelope_prefix(token: str) -> str:
 
 def open_envelope(line: bytes, token: str) -> dict[str, Any] | None:
     """The (not yet validated) message inside a runner line, or None when the line is not genuine."""
+    if not line.startswith(envelope_prefix(token).encode()):
+        return None  # forged: not parsed at all
     try:
         envelope = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # a line nested thousands deep must not reach the host's stack
         return None
     if not isinstance(envelope, dict):
         return None

@@ -18,10 +18,8 @@ class Backoff:
         """The wait before the next try: none before the first failure."""
         return 0.0 if self.failures == 0 else min(self.first * 2 ** (self.failures - 1), self.cap)
 
-    def failed(self) -> float:
-        """Count a failure; the wait before the next try."""
+    def failed(self) -> None:
         self.failures += 1
-        return self.delay
 
     def succeeded(self) -> None:
         self.failures = 0

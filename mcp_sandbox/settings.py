@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliSuppress, SettingsConfigDict
 
 from mcp_sandbox.protocol import OutputLimits
 
@@ -101,7 +101,8 @@ class Settings(BaseSettings):
     save_code: Path | None = Field(
         None, description="Folder where each executed program is saved as a .py file."
     )
-    auth_token: SecretStr | None = Field(
+    # Not a command-line flag (hidden there, and refused): a secret on a command line shows in `ps`.
+    auth_token: CliSuppress[SecretStr | None] = Field(
         None, min_length=16, description="HTTP/SSE: require Authorization: Bearer <token> on every request."
     )
     bridge_config: Path | None = Field(

@@ -224,7 +224,9 @@ class ToolChannel:
             self._waiting[call] = resolve
         try:
             self._send(message)
-            done.wait()  # an interrupt (SIGINT) ends the wait too, so a timeout still stops the program
+            # The CPython worker's SIGINT ends the wait; in-process, the host cancels the call at
+            # the deadline, whose reply ends it, and then the interrupt lands.
+            done.wait()
         finally:
             with self._lock:
                 self._waiting.pop(call, None)

@@ -11,6 +11,7 @@ the interrupt) is discarded with its session and runs on until its code returns.
 from __future__ import annotations
 
 import asyncio
+import copy
 import ctypes
 import itertools
 import json
@@ -147,7 +148,8 @@ class InProcessExecutor(Executor):
         super().__init__(limits, hooks)
         self._workdir = workdir
         self._channel = guest.ToolChannel(self._from_guest)
-        self._interpreter = ThreadInterpreter(limits.guest, self._channel)
+        # A copy: the guest shares the server's memory, and must not change the host's caps.
+        self._interpreter = ThreadInterpreter(copy.deepcopy(limits.guest), self._channel)
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._job: _Job | None = None
         # Guards `_running` and `_task`, so an interrupt can never land after the program ended.

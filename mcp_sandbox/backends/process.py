@@ -25,14 +25,14 @@ from mcp_sandbox.backends.base import (
     SandboxDied,
     SandboxStartError,
 )
-from mcp_sandbox.protocol import GuestOutcome, RunnerMessage
+from mcp_sandbox.protocol import GuestOutcome, RunnerMessage, reply_error
 
 logger = logging.getLogger(__name__)
 
 #: What a runner loads before anything else, in order: the protocol, then the guest runtime.
 GUEST_MODULES: list[tuple[str, str]] = [
     ("mcp_sandbox.protocol", Path(protocol.__file__).read_text(encoding="utf-8")),
-    ("mcp_sandbox.backends.guest", Path(__file__).with_name("guest.py").read_text(encoding="utf-8")),
+    (protocol.GUEST_RUNTIME_MODULE, Path(__file__).with_name("guest.py").read_text(encoding="utf-8")),
 ]
 STDERR_TAIL_BYTES = 4096
 MB = 1024 * 1024
@@ -51,6 +51,7 @@ class Malformed:
 
     kind: object
     id: object
+    call: object = None
 
 
 def resident_bytes(pid: int) -> int | None:
@@ -97,9 +98,10 @@ class ProcessExecutor(Executor):
         process: anyio.abc.Process,
         limits: ExecutorLimits,
         hooks: ExecutorHooks,
-        **folders: str,
+        **init_fields: str,
     ) -> None:
-        """`folders`: the host folders the sandbox reads, as the `init` message names them."""
+        """`init_fields`: the host folders the sandbox reads and the hosts it may reach, as the
+        `init` message names them."""
         super().__init__(limits, hooks)
         self._process = process
         self._token = secrets.token_hex(16)
@@ -117,7 +119,7 @@ class ProcessExecutor(Executor):
             "token": self._token,
             "guest_modules": GUEST_MODULES,
             "limits": limits.guest,
-            **folders,  # type: ignore[typeddict-item]
+            **init_fields,  # type: ignore[typeddict-item]
         }
         self._death: str | None = None
         self._over_memory = False
@@ -149,8 +151,17 @@ class ProcessExecutor(Executor):
         while True:
             message = await self._next_message()
             if isinstance(message, Malformed):
-                if message.kind == "result" and message.id == self._run_id:
-                    raise SandboxDied("the sandbox sent a malformed result")
+                logger.warning(
+                    "%s sandbox %d sent a %r message the protocol does not describe",
+                    self.backend,
+                    self.pid,
+                    message.kind,
+                )
+                if message.kind == "fatal" or message.id == self._run_id:
+                    raise SandboxDied(f"the sandbox sent a malformed {message.kind} message")
+                if message.kind == "tool_call" and isinstance(message.call, int):
+                    # Answered, so a program blocked on it is not left waiting for its timeout.
+                    await self._deliver_tool_result(message.call, reply_error("the tool call was malformed"))
                 continue
             if message["type"] == "result" and message["id"] == self._run_id:
                 return message["outcome"]
@@ -297,4 +308,4 @@ def _parse(raw: dict[str, Any]) -> RunnerMessage | Malformed:
     try:
         return RUNNER_MESSAGE.validate_python(raw)
     except ValidationError:
-        return Malformed(raw.get("type"), raw.get("id"))
+        return Malformed(raw.get("type"), raw.get("id"), raw.get("call"))

@@ -290,6 +290,9 @@ def test_every_setting_is_a_flag_with_its_help(tmp_path: Path, command: str) -> 
     done = cli(command, "--help", cwd=tmp_path, timeout=30)
     assert done.returncode == 0, done.stderr
     for name, field in Settings.model_fields.items():
+        if name == "auth_token":  # a secret: from the environment only, never a visible flag
+            assert "--auth-token" not in done.stdout
+            continue
         assert f"--{name.replace('_', '-')} " in done.stdout, f"--{name} is missing"
         words = (field.description or "").split()[:4]
         assert " ".join(words) in " ".join(done.stdout.split()), f"--{name} has no help"
@@ -302,3 +305,5 @@ def test_a_flag_wins_over_the_environment(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout) == (0, "linux\n"), done.stderr
     bad = cli("serve", "--timeout", "-1", cwd=tmp_path, timeout=30)
     assert bad.returncode == 2 and "invalid setting: MCP_SANDBOX_TIMEOUT" in bad.stderr, bad.stderr
+    secret = cli("serve", "--auth-token", "x" * 20, cwd=tmp_path, timeout=30)
+    assert secret.returncode == 1 and "MCP_SANDBOX_AUTH_TOKEN, not on the command line" in secret.stderr

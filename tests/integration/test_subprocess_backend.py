@@ -91,3 +91,22 @@ async def test_workers_have_no_network_where_namespaces_allow(client: Client) ->
     assert connections == []
     tools = {tool.name: tool.description for tool in (await client.list_tools()).tools}
     assert "no network" in (tools["execute_python"] or "")
+
+
+MALFORMED_CRASH = """
+import gc, json, time
+link = next(o for o in gc.get_objects() if type(o).__name__ == "HostLink")
+for run in range(1, 50):  # one of them is this run's id; each lacks the required `message`
+    link.send(json.dumps({"type": "crashed", "id": run}))
+time.sleep(20)
+"""
+
+
+async def test_a_malformed_message_for_the_run_ends_it_at_once(client: Client) -> None:
+    """The host refuses a message the protocol does not describe, and one for the run in
+    progress ends it then, instead of leaving the call to wait for its timeout."""
+    result = await call(client, MALFORMED_CRASH, timeout=15)
+    assert result["error_type"] == "SandboxCrash" and result["session_lost"], result
+    assert "malformed crashed message" in result["error"]
+    assert result["duration_ms"] < 5_000
+    assert (await call(client, "'next'"))["result"] == "'next'"

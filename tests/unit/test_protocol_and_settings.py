@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from mcp_sandbox.app import InvalidRequest, check_request
 from mcp_sandbox.protocol import cap_text, encode, max_line_bytes, open_envelope
 from mcp_sandbox.result import cap_outcome
 from mcp_sandbox.settings import Settings
@@ -11,7 +12,8 @@ from tests.unit.fakes import outcome
 
 
 def test_envelope_with_the_right_token_is_opened() -> None:
-    line = json.dumps({"token": "abc", "msg": {"type": "ready"}}).encode()
+    # Runners write the envelope compactly, as envelope_prefix spells it.
+    line = json.dumps({"token": "abc", "msg": {"type": "ready"}}, separators=(",", ":")).encode()
     assert open_envelope(line, "abc") == {"type": "ready"}
 
 
@@ -73,3 +75,16 @@ def test_every_setting_is_documented_in_env_example() -> None:
     documented = (Path(__file__).resolve().parents[2] / ".env.example").read_text()
     missing = [name for name in Settings.model_fields if f"MCP_SANDBOX_{name.upper()}=" not in documented]
     assert missing == []
+
+
+def test_a_line_nested_thousands_deep_is_refused_not_raised() -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert open_envelope(deep, "abc") is None, "forged: refused before parsing"
+    genuine_prefix = json.dumps({"token": "abc", "msg": 1}, separators=(",", ":"))[: -len("1}")].encode()
+    assert open_envelope(genuine_prefix + deep + b"}", "abc") is None
+
+
+@pytest.mark.parametrize("session_id", ["ok\n", "..", "with space", "x" * 129])
+def test_a_session_id_must_match_whole(session_id: str) -> None:
+    with pytest.raises(InvalidRequest, match="session_id"):
+        check_request(Settings(), "1", session_id, None)

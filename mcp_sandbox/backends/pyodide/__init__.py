@@ -31,10 +31,16 @@ RUNNER_DIR = Path(__file__).resolve().parent
 
 
 def pyodide_version() -> str:
-    """The exact Pyodide version pinned in deno.json."""
-    config = json.loads((RUNNER_DIR / "deno.json").read_text(encoding="utf-8"))
-    specifier: str = config["imports"]["pyodide"]
-    return specifier.rsplit("@", 1)[1]
+    """The exact Pyodide version pinned in deno.json. Raises SandboxStartError when the runner's
+    files are missing or damaged (a broken installation)."""
+    try:
+        config = json.loads((RUNNER_DIR / "deno.json").read_text(encoding="utf-8"))
+        specifier: str = config["imports"]["pyodide"]
+        return specifier.rsplit("@", 1)[1]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
+        raise SandboxStartError(
+            f"the Deno runner's deno.json in {RUNNER_DIR} is missing or damaged: {error}"
+        ) from None
 
 
 def find_deno(settings: Settings) -> Path | None:

@@ -11,6 +11,7 @@ export const INTERRUPT_SIGNAL = 2;
 export const EXIT_SANDBOX_GONE = 70;
 export const JIT_WARM_UP_IDLE_MS = 250;
 export const JIT_WARM_UP_ROUNDS_AT_START = 3;
+export const GUEST_RUNTIME_MODULE = "mcp_sandbox.backends.guest";
 export const OUTPUT_DIR = "output";
 export const DATA_DIR = "data";
 export const PASSING_KINDS = ["progress", "tool_call", "ready", "fatal"] as const;

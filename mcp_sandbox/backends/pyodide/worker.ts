@@ -6,6 +6,7 @@ import { loadPyodide, type PyodideInterface } from "pyodide";
 import { HOME, PYODIDE_OPTIONS } from "./options.ts";
 import {
   DATA_DIR,
+  GUEST_RUNTIME_MODULE,
   type GuestLimits,
   JIT_WARM_UP_IDLE_MS,
   JIT_WARM_UP_ROUNDS_AT_START,
@@ -42,7 +43,7 @@ function post(id: number | null, json: string, exiting = false, syncCall?: numbe
   postToMain(message);
 }
 
-function postMessage(id: number | null, message: RunnerMessage, exiting = false): void {
+function postRunnerMessage(id: number | null, message: RunnerMessage, exiting = false): void {
   post(id, JSON.stringify(message), exiting);
 }
 
@@ -79,7 +80,7 @@ function announceExit(target: object, name: string): void {
     writable: false,
     value: (...args: unknown[]) => {
       const message = `the sandbox called ${name}(${args.map(String).join(", ")})`;
-      postMessage(currentId, { type: "crashed", id: currentId, message }, true);
+      postRunnerMessage(currentId, { type: "crashed", id: currentId, message }, true);
       return original(...args);
     },
   });
@@ -211,27 +212,28 @@ async function init(message: WorkerInit): Promise<void> {
   pyodide.setInterruptBuffer(interruptBuffer);
   syncState = message.syncState as Int32Array;
   syncData = message.syncData as SharedArrayBuffer;
-  const loadModule = pyodide.runPython(LOAD_MODULE) as PyCallable;
-  let guest: PyModule | undefined;
-  for (const [name, source] of message.guest_modules) {
-    guest?.destroy();
-    guest = loadModule(name, source) as PyModule;
-  }
+  const loaderGlobals = pyodide.toPy({});
+  const loadModule = pyodide.runPython(LOAD_MODULE, { globals: loaderGlobals }) as PyCallable;
+  for (const [name, source] of message.guest_modules) (loadModule(name, source) as PyModule).destroy();
   loadModule.destroy?.();
+  loaderGlobals.destroy();
+  const sys = pyodide.pyimport("sys");
+  // Loaded under its dotted name without its parent packages, so it is found in sys.modules.
+  const guest = sys.modules.get(GUEST_RUNTIME_MODULE) as PyModule;
   const sendToHost = (json: string) => post(null, json);
-  channel = guest!.ToolChannel(sendToHost, blockOnToolCall) as PyChannel;
+  channel = guest.ToolChannel(sendToHost, blockOnToolCall) as PyChannel;
   const limits = pyodide.toPy(message.limits as GuestLimits);
   // The host cannot read this sandbox's files: output files travel inline.
-  interpreter = guest!.Interpreter(limits, channel, true);
+  interpreter = guest.Interpreter(limits, channel, true);
   limits.destroy();
-  runJson = guest!.run_json;
-  jitWarmUp = guest!.jit_warm_up; // borrowed from the module's proxy, which therefore stays
+  runJson = guest.run_json;
+  jitWarmUp = guest.jit_warm_up; // borrowed from the module's proxy, which therefore stays
   // The first runs compile much of the runtime lazily (the first takes ~20 ms): do a few before
   // `ready`, in a throwaway interpreter, so a sandbox's first calls from the pool do not pay for it.
   jitWarmUp(JIT_WARM_UP_ROUNDS_AT_START);
-  postMessage(null, {
+  postRunnerMessage(null, {
     type: "ready",
-    python: pyodide.pyimport("sys").version.split(" ")[0],
+    python: sys.version.split(" ")[0],
     pyodide: pyodide.version,
     load_ms: Math.round(performance.now() - started),
   });
@@ -254,7 +256,7 @@ async function run(message: RunMessage): Promise<void> {
     }
   } catch (error) {
     // The guest runtime catches every Python exception, so this is Pyodide itself failing.
-    postMessage(id, { type: "crashed", id, message: String(error) }, true);
+    postRunnerMessage(id, { type: "crashed", id, message: String(error) }, true);
     return;
   } finally {
     currentId = null;
@@ -302,7 +304,7 @@ async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }>):
       try {
         await init(message);
       } catch (error) {
-        postMessage(null, { type: "fatal", message: `Pyodide failed to load: ${error}` });
+        postRunnerMessage(null, { type: "fatal", message: `Pyodide failed to load: ${error}` });
       }
       break;
     case "data":
@@ -326,7 +328,7 @@ self.onmessage = (event: MessageEvent<WorkerMessage>) => {
   }
   waiting++;
   queue = queue.then(() => handle(message)).catch((error) => {
-    postMessage(null, { type: "progress", line: `sandbox set-up failed: ${error}` });
+    postRunnerMessage(null, { type: "progress", line: `sandbox set-up failed: ${error}` });
   }).finally(() => {
     waiting--;
     lastMessageAt = performance.now(); // quiet time counts from the end of the last run

@@ -100,9 +100,9 @@ class SubprocessExecutor(ProcessExecutor):
         limits: ExecutorLimits,
         hooks: ExecutorHooks,
         workdir: Path,
-        **folders: str,
+        **init_fields: str,
     ) -> None:
-        super().__init__(process, limits, hooks, **folders)
+        super().__init__(process, limits, hooks, **init_fields)
         self._workdir = workdir
 
     def _read_output_file(self, file: GuestFile, path: str) -> bytes | None:

@@ -63,10 +63,10 @@ class HostLink:
     """The worker's end of the host's pipe: a thread reads the host's lines, so replies to
     bridged tool calls reach the guest's ToolChannel while the program runs."""
 
-    def __init__(self, protocol_in: BinaryIO, protocol_out: BinaryIO, token: str) -> None:
+    def __init__(self, protocol_in: BinaryIO, protocol_out: BinaryIO, envelope_prefix: str) -> None:
         self._in = protocol_in
         self._out = protocol_out
-        self._envelope = '{"token":' + json.dumps(token) + ',"msg":%s}\n'
+        self._envelope = envelope_prefix.replace("%", "%%") + "%s}\n"
         self._lock = threading.Lock()  # program threads may call tools too
         self.deliver: Callable[[int, str], None] = lambda call, reply: None
         self.runs: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
@@ -121,9 +121,11 @@ def main() -> None:
 
     started = time.monotonic()
     init = json.loads(protocol_in.readline())
-    link = HostLink(protocol_in, protocol_out, init["token"])
     for name, source in init["guest_modules"]:
-        guest = load_module(name, source)
+        load_module(name, source)
+    protocol = sys.modules["mcp_sandbox.protocol"]
+    guest = sys.modules[protocol.GUEST_RUNTIME_MODULE]
+    link = HostLink(protocol_in, protocol_out, protocol.envelope_prefix(init["token"]))
     channel = guest.ToolChannel(link.send)
     link.deliver = channel.deliver
     interpreter = guest.Interpreter(init["limits"], channel)
