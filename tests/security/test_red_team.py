@@ -46,8 +46,9 @@ OS_RELEASE = os.uname().release
 IS_ROOT = os.getuid() == 0
 #: Files every Pyodide sandbox loads: writing one would taint every later sandbox.
 POISON_TARGETS = [
-    REPO / "deno" / "runner.ts",
-    REPO / "deno" / "worker.ts",
+    REPO / "mcp_sandbox" / "backends" / "pyodide" / "runner.ts",
+    REPO / "mcp_sandbox" / "backends" / "pyodide" / "worker.ts",
+    REPO / "mcp_sandbox" / "backends" / "pyodide" / "protocol.ts",
     *sorted((Path.home() / ".cache" / "mcp-sandbox" / "deno" / "npm").glob("*/pyodide/*/pyodide.asm.js"))[:1],
 ]
 
@@ -1564,6 +1565,8 @@ def test_the_table_is_big_and_distinct() -> None:
     assert len(names) == len(set(names)), "attack names must be distinct"
     assert len({attack.code for attack in ATTACKS}) == len(ATTACKS), "attack programs must be distinct"
     assert len(ATTACKS) >= 50
+    # A target that no longer exists would make the poisoning attack prove nothing.
+    assert all(path.is_file() for path in POISON_TARGETS[:3]), POISON_TARGETS
     for attack in ATTACKS:
         assert set(attack.expected) == set(BACKENDS), attack.name
 
