@@ -135,8 +135,12 @@ class ProcessExecutor(Executor):
     async def initialize(self) -> None:
         await self._send(self._init)
         message = await self._next_message()
-        if isinstance(message, Malformed) or message["type"] != "ready":
-            raise SandboxDied(str(message.get("message", message) if isinstance(message, dict) else message))
+        if isinstance(message, Malformed):
+            raise SandboxDied(f"the sandbox's first message, {message.kind!r}, did not match the protocol")
+        if message["type"] == "fatal" or message["type"] == "crashed":
+            raise SandboxDied(message["message"])
+        if message["type"] != "ready":
+            raise SandboxDied(f"the sandbox sent {message['type']!r} before it was ready")
         logger.debug("%s sandbox %d ready in %d ms", self.backend, self.pid, message["load_ms"])
 
     async def _submit(self, code: str, tools_manifest: str | None) -> None:
