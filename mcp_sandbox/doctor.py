@@ -21,7 +21,7 @@ from pydantic import ValidationError
 import mcp_sandbox
 from mcp_sandbox.backends.base import SandboxStartError
 from mcp_sandbox.backends.pyodide import find_deno, pyodide_version
-from mcp_sandbox.backends.subprocess import UNSHARE_ARGS
+from mcp_sandbox.backends.subprocess.isolation import UNSHARE_ARGS
 from mcp_sandbox.bridge.config import BridgeConfigError, StdioUpstream, Upstream, load_bridge_config
 from mcp_sandbox.bridge.upstreams import connect_upstream, list_all_tools
 from mcp_sandbox.sandbox import Sandbox

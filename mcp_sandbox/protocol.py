@@ -320,14 +320,26 @@ def open_envelope(line: bytes, token: str) -> dict[str, Any] | None:
 # --- The CPython worker's command line ---
 
 
+class Confinement(TypedDict):
+    """What a worker confining itself (tier landlock) may reach: it adds its working directory
+    to ``read_write``; ``seccomp`` is the filter (base64 of a struct sock_filter array)."""
+
+    read_only: list[str]
+    read_write: list[str]
+    seccomp: str
+
+
 class ProcessLimits(TypedDict):
-    """The resource limits the CPython worker sets on itself (JSON, its one argument)."""
+    """What the CPython worker does to itself before anything else (JSON, its one argument):
+    resource limits; as root, become ``uid``; with ``confine``, Landlock and seccomp."""
 
     memory_mb: int
     cpu_seconds: int
     open_files: int
     file_mb: int
     processes: int
+    uid: int | None
+    confine: Confinement | None
 
 
 # --- Runner <-> worker (Pyodide) ---

@@ -13,6 +13,7 @@ from mcp_sandbox.protocol import OutputLimits
 
 BackendName = Literal["auto", "pyodide", "subprocess", "inprocess"]
 PolicyName = Literal["off", "strict"]
+IsolationName = Literal["auto", "bubblewrap", "landlock", "none"]
 
 
 def default_cache_dir() -> Path:
@@ -69,11 +70,29 @@ class Settings(BaseSettings):
         description="pyodide: after a session's first call, its sandbox uses idle time to run a sample "
         "program this many times so V8 compiles Pyodide's hot code (0: off).",
     )
+    isolation: IsolationName = Field(
+        "auto",
+        description="subprocess: the OS sandbox around each worker. auto: the strongest that works here, "
+        "in order bubblewrap (namespaces, a read-only root, seccomp), landlock (Landlock + seccomp, where "
+        "namespaces are refused), none (rlimits only, with a warning).",
+    )
+    require_isolation: bool = Field(
+        False, description="subprocess: refuse to start rather than run workers with no OS sandbox."
+    )
+    worker_uids: str = Field(
+        "64000-64999",
+        pattern=r"^[1-9][0-9]*(-[1-9][0-9]*)?$",
+        description="subprocess, server run as root: the host uids workers run under, one each (FIRST-LAST), "
+        "so process limits hold per worker.",
+    )
     cpu_seconds: int = Field(900, ge=1, description="subprocess: CPU seconds a worker may use in its life.")
     max_open_files: int = Field(256, ge=16, description="subprocess: open files per worker.")
     max_file_mb: int = Field(64, ge=1, description="subprocess: largest file a worker may write.")
     max_processes: int = Field(
-        32, ge=1, description="subprocess: processes/threads a worker may add (not enforced for root)."
+        32,
+        ge=1,
+        description="subprocess: processes/threads a worker may add (as root, held by giving each worker "
+        "its own uid; see worker_uids).",
     )
     deno_path: Path | None = Field(None, description="Deno binary to use; default: the `deno` package's.")
     cache_dir: Path = Field(

@@ -26,7 +26,7 @@ from contextlib import contextmanager, suppress
 # Bound at import, so a program that patches json or traceback cannot break reporting.
 from json import dumps, loads
 from time import monotonic
-from traceback import StackSummary, TracebackException, format_exception_only
+from traceback import FrameSummary, StackSummary, TracebackException, format_exception_only, walk_tb
 from types import CodeType, TracebackType
 from typing import Any, ClassVar
 
@@ -50,6 +50,10 @@ CELL_PREFIX = "<cell-"
 warnings.filterwarnings("ignore", message=".*non-interactive.*", category=UserWarning)
 #: Where this runtime's own frames come from, so tracebacks can leave them out.
 RUNTIME_FILES = {globals().get("__file__"), "<mcp_sandbox.backends.guest>"}
+#: Frames a traceback shows at most, first and last: reading the source of a million frames of
+#: runaway recursion takes longer than the timeout.
+TRACEBACK_HEAD_FRAMES, TRACEBACK_TAIL_FRAMES = 30, 30
+_ELIDED = "<frames not shown>"
 
 
 class CappedText(io.TextIOBase):
@@ -163,10 +167,21 @@ def _user_traceback(error: BaseException) -> str:
         tb = tb.tb_next
     if isinstance(error, SyntaxError) or tb is None:
         return "".join(format_exception_only(type(error), error))
-    report = TracebackException(type(error), error, tb)
+    most = TRACEBACK_HEAD_FRAMES + TRACEBACK_TAIL_FRAMES
+    # Chained exceptions are capped at `most` too; this one keeps its head and its tail.
+    report = TracebackException(type(error), error, tb, limit=most)
+    frames = list(walk_tb(tb))
+    elided = len(frames) - most
+    if elided > 0:
+        kept = frames[:TRACEBACK_HEAD_FRAMES] + frames[-TRACEBACK_TAIL_FRAMES:]
+        report.stack = StackSummary.extract(iter(kept))
+        report.stack.insert(TRACEBACK_HEAD_FRAMES, FrameSummary(_ELIDED, 0, str(elided), lookup_line=False))
     # The tool bridge's functions live here; the user's call into them is the frame that matters.
     report.stack = StackSummary.from_list([f for f in report.stack if f.filename not in RUNTIME_FILES])
-    return "".join(report.format())
+    text = "".join(report.format())
+    return text.replace(
+        f'  File "{_ELIDED}", line 0, in {elided}\n', f"  ... {elided} frames not shown ...\n"
+    )
 
 
 class ToolError(Exception):

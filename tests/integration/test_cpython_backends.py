@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -81,8 +82,11 @@ async def test_strict_policy_lets_analysis_code_run(strict_client: Client) -> No
 
 
 async def test_strict_policy_is_not_a_boundary(strict_client: Client, tmp_path: Path) -> None:
-    # What the README says: allowed libraries can still read host files. The sandbox's limits hold, not this.
-    secret = tmp_path / "host-file.txt"
-    secret.write_text("host-only-content\n")
-    result = await call(strict_client, f"import numpy as np\nstr(np.loadtxt({str(secret)!r}, dtype=str))")
-    assert result["success"] is True and "host-only-content" in result["result"]
+    # What the README says: allowed libraries still read files the policy never sees; the sandbox's
+    # limits hold, not this. (A file every tier lets Python read: its environment's own config.)
+    config = Path(sys.prefix) / "pyvenv.cfg"
+    if not config.is_file():
+        pytest.skip("the server's Python is not a virtual environment (no pyvenv.cfg to read)")
+    code = f"import numpy as np\nstr(np.loadtxt({str(config)!r}, dtype=str, delimiter='='))"
+    result = await call(strict_client, code)
+    assert result["success"] is True and "home" in result["result"], result

@@ -11,10 +11,14 @@ promises: `Blocked`, `Contained` (a given error_type, and the server keeps servi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
+import sysconfig
 import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -27,6 +31,9 @@ import anyio.abc
 import pytest
 from mcp import Client
 
+from mcp_sandbox.backends.subprocess.confine import landlock_abi
+from mcp_sandbox.backends.subprocess.isolation import python_readable_by_anyone
+from mcp_sandbox.settings import Settings
 from tests.integration.conftest import TEST_ENV, free_port, server_params
 
 pytestmark = pytest.mark.anyio
@@ -44,6 +51,9 @@ TOUCH = shutil.which("touch") or "/usr/bin/touch"
 HOSTNAME = socket.gethostname()
 OS_RELEASE = os.uname().release
 IS_ROOT = os.getuid() == 0
+SSH_KEY_TEXT = "-----BEGIN OPENSSH PRIVATE KEY----- red-team-fake-key"
+#: The host's own /etc/shadow (its first line), where this test can read it.
+SHADOW_LINE = Path("/etc/shadow").read_text().splitlines()[0] if os.access("/etc/shadow", os.R_OK) else ""
 #: Files every Pyodide sandbox loads: writing one would taint every later sandbox.
 POISON_TARGETS = [
     REPO / "mcp_sandbox" / "backends" / "pyodide" / "runner.ts",
@@ -52,7 +62,15 @@ POISON_TARGETS = [
     *sorted((Path.home() / ".cache" / "mcp-sandbox" / "deno" / "npm").glob("*/pyodide/*/pyodide.asm.js"))[:1],
 ]
 
-BACKENDS = ("pyodide", "subprocess", "inprocess")
+BACKENDS = ("pyodide", "subprocess", "subprocess-landlock", "subprocess-none", "inprocess")
+#: How each column's server is started: the subprocess backend at each isolation tier.
+SERVER_SETTINGS = {
+    "pyodide": {"MCP_SANDBOX_BACKEND": "pyodide"},
+    "subprocess": {"MCP_SANDBOX_BACKEND": "subprocess", "MCP_SANDBOX_ISOLATION": "bubblewrap"},
+    "subprocess-landlock": {"MCP_SANDBOX_BACKEND": "subprocess", "MCP_SANDBOX_ISOLATION": "landlock"},
+    "subprocess-none": {"MCP_SANDBOX_BACKEND": "subprocess", "MCP_SANDBOX_ISOLATION": "none"},
+    "inprocess": {"MCP_SANDBOX_BACKEND": "inprocess"},
+}
 MEMORY_ERRORS = frozenset({"MemoryLimit", "MemoryError", "SandboxCrash"})
 
 
@@ -93,7 +111,24 @@ class IfIsolated:
     shared: Outcome
 
 
-Outcome = Blocked | Contained | NotProtected | Skip | IfIsolated
+@dataclass(frozen=True)
+class ByWorkerUid:
+    """Where the outcome turns on the worker's uid: `root` (the server is root and the worker keeps
+    uid 0: isolation none or landlock with a Python other users cannot read), `server` (the
+    server's own, not root), `own` (as root, a uid of its own: MCP_SANDBOX_WORKER_UIDS)."""
+
+    root: Outcome
+    server: Outcome
+    own: Outcome
+
+    def pick(self, backend: str) -> Outcome:
+        if not IS_ROOT:
+            return self.server
+        keeps_root = backend != "subprocess" and not python_readable_by_anyone()
+        return self.root if keeps_root else self.own
+
+
+Outcome = Blocked | Contained | NotProtected | Skip | IfIsolated | ByWorkerUid
 BLOCKED = Blocked()
 
 
@@ -115,6 +150,11 @@ SUBPROCESS_NETWORK = IfIsolated(
     shared=NotProtected("README 'Security model' table: subprocess network is not protected without unshare"),
 )
 INPROCESS_UNSAFE = Skip(f"{README_INPROCESS}; running it would harm the test server itself")
+README_NONE = "README 'Security model' table: with isolation none a worker shares what its uid can reach"
+#: With isolation none: host files and processes are as safe as the worker's uid makes them.
+UID_DECIDES = ByWorkerUid(root=NotProtected(README_NONE), server=NotProtected(README_NONE), own=BLOCKED)
+#: Landlock ABI 6 keeps signals inside the sandbox; before it, only the worker's uid does.
+LANDLOCK_SCOPES_SIGNALS = landlock_abi() >= 6
 
 
 def program(text: str) -> str:
@@ -122,8 +162,27 @@ def program(text: str) -> str:
     return textwrap.dedent(text).strip("\n")
 
 
-def on(*, pyodide: Outcome, subprocess: Outcome, inprocess: Outcome) -> dict[str, Outcome]:
-    return {"pyodide": pyodide, "subprocess": subprocess, "inprocess": inprocess}
+def on(
+    *,
+    pyodide: Outcome,
+    subprocess: Outcome,
+    inprocess: Outcome,
+    landlock: Outcome | None = None,
+    unconfined: Outcome | None = None,
+) -> dict[str, Outcome]:
+    """`subprocess` is the bubblewrap tier's outcome, and the other tiers' unless given:
+    `landlock` (Landlock + seccomp) and `unconfined` (isolation none)."""
+    return {
+        "pyodide": pyodide,
+        "subprocess": subprocess,
+        "subprocess-landlock": landlock if landlock is not None else subprocess,
+        "subprocess-none": unconfined if unconfined is not None else subprocess,
+        "inprocess": inprocess,
+    }
+
+
+def everywhere(outcome: Outcome) -> dict[str, Outcome]:
+    return dict.fromkeys(BACKENDS, outcome)
 
 
 def pyodide_only(outcome: Outcome = BLOCKED) -> dict[str, Outcome]:
@@ -139,6 +198,8 @@ class World:
 
     data: Path
     output: Path
+    #: The server's HOME, with an SSH key in it.
+    home: Path
 
 
 @dataclass
@@ -168,6 +229,13 @@ class Host:
     closed_port: int
     connections: list[str] = field(default_factory=list)
     datagrams: list[bytes] = field(default_factory=list)
+    victims: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def victim(self) -> subprocess.Popen[bytes]:
+        """A host process of the server's user that sandboxed code should neither see nor signal."""
+        if not self.victims:
+            self.victims.append(subprocess.Popen(["sleep", "60"]))
+        return self.victims[0]
 
     @property
     def canary(self) -> Path:
@@ -181,6 +249,8 @@ class Host:
             "@UDP_PORT@": str(self.udp_port),
             "@CLOSED_PORT@": str(self.closed_port),
             "@DATA@": str(self.world.data),
+            "@HOME@": str(self.world.home),
+            "@VICTIM_PID@": str(self.victim().pid) if "@VICTIM_PID@" in code else "",
             "@TOUCH@": TOUCH,
             "@POISON@": repr([str(path) for path in POISON_TARGETS]),
         }
@@ -235,8 +305,13 @@ async def attack_host(client: Client, world: World, tmp: Path, session: str | No
         group.start_soon(listener.serve, note)
         group.start_soon(unix.serve, note)
         group.start_soon(receive)
-        yield host
-        group.cancel_scope.cancel()
+        try:
+            yield host
+        finally:
+            group.cancel_scope.cancel()
+            for victim in host.victims:
+                victim.kill()
+                victim.wait()
 
 
 # --- checks: each returns how the attack got through, or None ---------------------------------
@@ -378,6 +453,30 @@ def count_below(limit: int) -> Check:
     return check
 
 
+async def not_true(host: Host, reply: Reply) -> str | None:
+    return "the program saw it" if reply.get("result") == "True" else None
+
+
+async def no_poison_in_environment(host: Host, reply: Reply) -> str | None:
+    return await no_host_path(Path(sysconfig.get_path("purelib")) / f"rt-poison-{host.port}.pth")(host, reply)
+
+
+async def victim_alive(host: Host, reply: Reply) -> str | None:
+    return None if host.victim().poll() is None else "a host process was killed from the sandbox"
+
+
+def no_host_path(path: Path) -> Check:
+    """`path` (which the attack tries to create) is not on the host; removed if it is."""
+
+    async def check(host: Host, reply: Reply) -> str | None:
+        if not path.exists():
+            return None
+        path.unlink()
+        return f"{path} was written on the host"
+
+    return check
+
+
 def data_intact(name: str, original: str) -> Check:
     async def check(host: Host, reply: Reply) -> str | None:
         path = host.world.data / name
@@ -416,10 +515,15 @@ def outside_output_absent(name: str) -> Check:
     return check
 
 
-def not_seen_elsewhere(probe: str, clean: str, *, sessionless: bool = False) -> Check:
-    """`probe` run in another session (and, if asked, without a session) must give `clean`."""
+def not_seen_elsewhere(
+    probe: str, clean: str, *, sessionless: bool = False, refusal_blocks: bool = False
+) -> Check:
+    """`probe` run in another session (and, if asked, without a session) must give `clean`.
+    `refusal_blocks`: a PermissionError in the tainting call means the taint was refused."""
 
     async def check(host: Host, reply: Reply) -> str | None:
+        if refusal_blocks and reply.get("error_type") == "PermissionError":
+            return None
         if reply.get("success") is not True:
             pytest.fail(f"the tainting call itself failed, so it proves nothing: {reply.summary()}")
         places: list[str | None] = ["observer"] + ([None] if sessionless else [])
@@ -675,8 +779,9 @@ ATTACKS: list[Attack] = [
         NO_SECRET,
         on(
             pyodide=BLOCKED,
-            subprocess=Skip(
-                f"not-protected ({README_SUBPROCESS}); whether /proc/<server>/environ is readable "
+            subprocess=BLOCKED,  # bubblewrap: the parent is the sandbox's init; Landlock: no /proc
+            unconfined=Skip(
+                f"not-protected ({README_NONE}); whether /proc/<server>/environ is readable "
                 "depends on the host's ptrace rules, so the outcome is not the sandbox's"
             ),
             inprocess=Skip(f"not-protected ({README_INPROCESS}): os.environ is the server's own"),
@@ -710,7 +815,7 @@ ATTACKS: list[Attack] = [
         "python_subprocess_spawn",
         "import subprocess\nsubprocess.run(['@TOUCH@', '@TMP@/spawned'])",
         no_file("spawned"),
-        on(pyodide=BLOCKED, subprocess=SUBPROCESS_SHARES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
     ),
     Attack(
         "python_os_system",
@@ -719,7 +824,8 @@ ATTACKS: list[Attack] = [
         # Pyodide's os.system reaches for the environment, which Deno refuses, and the sandbox dies.
         on(
             pyodide=contained("SandboxCrash", "OSError"),
-            subprocess=SUBPROCESS_SHARES,
+            subprocess=BLOCKED,
+            unconfined=UID_DECIDES,
             inprocess=INPROCESS_SHARES,
         ),
         session="crash",
@@ -730,7 +836,8 @@ ATTACKS: list[Attack] = [
         no_file("spawned"),
         on(
             pyodide=contained("SandboxCrash", "AttributeError", "OSError"),
-            subprocess=SUBPROCESS_SHARES,
+            subprocess=BLOCKED,
+            unconfined=UID_DECIDES,
             inprocess=INPROCESS_SHARES,
         ),
         session="crash",
@@ -812,13 +919,13 @@ ATTACKS: list[Attack] = [
         "python_socket_connect",
         "import socket\nsocket.create_connection(('127.0.0.1', @PORT@), timeout=2).close()",
         no_connection,
-        on(pyodide=BLOCKED, subprocess=SUBPROCESS_NETWORK, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=SUBPROCESS_NETWORK, inprocess=INPROCESS_SHARES),
     ),
     Attack(
         "python_urllib",
         "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:@PORT@/', timeout=2).read()",
         no_connection,
-        on(pyodide=BLOCKED, subprocess=SUBPROCESS_NETWORK, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=SUBPROCESS_NETWORK, inprocess=INPROCESS_SHARES),
     ),
     Attack(
         "deno_connect_unix_socket",
@@ -839,7 +946,7 @@ ATTACKS: list[Attack] = [
             client.close()
         """),
         no_connection,
-        on(pyodide=BLOCKED, subprocess=SUBPROCESS_SHARES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
     ),
     # --- permissions: asking must neither prompt nor hang nor grant ---
     Attack(
@@ -955,8 +1062,15 @@ ATTACKS: list[Attack] = [
         "kill_own_process_group",
         "import os, signal\nos.killpg(os.getpgid(0), signal.SIGKILL)",
         canary_intact,
-        # Pyodide's processes are make-believe; a worker's group holds only the worker.
-        on(pyodide=BLOCKED, subprocess=CRASH, inprocess=INPROCESS_UNSAFE),
+        # Pyodide's processes are make-believe; a worker's group holds only the worker (inside
+        # bubblewrap, the group's leader is outside its pid namespace: there is none to kill).
+        on(
+            pyodide=BLOCKED,
+            subprocess=contained("ProcessLookupError"),
+            landlock=CRASH,
+            unconfined=CRASH,
+            inprocess=INPROCESS_UNSAFE,
+        ),
         session="crash",
     ),
     Attack(
@@ -966,7 +1080,12 @@ ATTACKS: list[Attack] = [
         session_sid_apart,
         on(
             pyodide=BLOCKED,
-            subprocess=BLOCKED,
+            subprocess=Skip(
+                "inside bubblewrap the worker sees only its own pid namespace, so its pids mean nothing "
+                "to the host; kill_own_process_group shows a group signal cannot leave it"
+            ),
+            landlock=BLOCKED,
+            unconfined=BLOCKED,
             inprocess=Skip(f"{README_INPROCESS}: it is the server's own process"),
         ),
     ),
@@ -1112,12 +1231,17 @@ ATTACKS: list[Attack] = [
                 "import os\n(os.path.exists('@TMP@/taint.txt'), os.path.exists('/tmp/rt-taint-@PORT@.txt'))",
                 "(False, False)",
                 sessionless=True,
+                refusal_blocks=True,  # Landlock refuses the write outright
             ),
         ),
-        # README table: subprocess sessions have private working directories, but share host files.
+        # README table: subprocess sessions have private working directories; with no isolation
+        # they share the host's files, /tmp included.
         on(
             pyodide=BLOCKED,
-            subprocess=NotProtected("README 'Security model' table: host files are shared on subprocess"),
+            subprocess=BLOCKED,
+            unconfined=NotProtected(
+                "README 'Security model' table: host files are shared with isolation none"
+            ),
             inprocess=INPROCESS_SHARES,
         ),
         session="tainter",
@@ -1183,8 +1307,15 @@ ATTACKS: list[Attack] = [
         data_intact("victim.txt", VICTIM_TEXT),
         on(
             pyodide=BLOCKED,
-            subprocess=NotProtected(
-                "README 'Data in, artifacts out': the audit hook stops mistakes, not ctypes"
+            subprocess=BLOCKED,  # data/ is a read-only bind (bubblewrap), read-only to Landlock
+            unconfined=ByWorkerUid(
+                root=NotProtected(
+                    "README 'Data in, artifacts out': the audit hook stops mistakes, not ctypes"
+                ),
+                server=NotProtected(
+                    "README 'Data in, artifacts out': the audit hook stops mistakes, not ctypes"
+                ),
+                own=BLOCKED,
             ),
             inprocess=NotProtected(
                 "README 'Data in, artifacts out': the audit hook stops mistakes, not ctypes"
@@ -1198,7 +1329,7 @@ ATTACKS: list[Attack] = [
         "try:\n    import js\n    text = js.Deno.readTextFileSync('@DATA@/link.txt')\nexcept ImportError:\n"
         "    text = open('data/link.txt').read()\ntext",
         not_shown(OUTSIDE_TEXT),
-        on(pyodide=BLOCKED, subprocess=SUBPROCESS_SHARES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
     ),
     Attack(
         # README: files are "copied to MCP_SANDBOX_OUTPUT_DIR/<session_id>/"; ".." is a valid session id.
@@ -1212,13 +1343,122 @@ ATTACKS: list[Attack] = [
         "host_file_read",
         "open('@CANARY@').read()",
         NO_CANARY,
-        on(pyodide=BLOCKED, subprocess=SUBPROCESS_SHARES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
     ),
     Attack(
         "host_file_write",
         "import os\nos.makedirs('@TMP@', exist_ok=True)\nopen('@TMP@/written', 'w').write('x')",
         no_file("written"),
-        on(pyodide=BLOCKED, subprocess=SUBPROCESS_SHARES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
+    ),
+    # --- the host around a CPython worker: its secrets, its Python, its processes, its kernel ---
+    Attack(
+        "read_etc_shadow",
+        "open('/etc/shadow').read()",
+        not_shown(SHADOW_LINE),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES)
+        if SHADOW_LINE
+        else everywhere(Skip("this test cannot read /etc/shadow, so it cannot tell it from a fake")),
+    ),
+    Attack(
+        "read_server_ssh_key",
+        "import os\nopen(os.path.join('@HOME@', '.ssh', 'id_ed25519')).read()",
+        not_shown(SSH_KEY_TEXT),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
+    ),
+    Attack(
+        "write_into_python_environment",
+        "import sysconfig\npurelib = sysconfig.get_path('purelib')\n"
+        "open(purelib + '/rt-poison-@PORT@.pth', 'w').write('import os')",
+        no_poison_in_environment,
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
+    ),
+    Attack(
+        "list_host_processes",
+        "import os\n@VICTIM_PID@ in [int(name) for name in os.listdir('/proc') if name.isdigit()]",
+        not_true,
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            unconfined=NotProtected(README_NONE),
+            inprocess=INPROCESS_SHARES,
+        ),
+    ),
+    Attack(
+        "signal_host_process",
+        "import os, signal\nos.kill(@VICTIM_PID@, signal.SIGTERM)",
+        victim_alive,
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            landlock=BLOCKED if LANDLOCK_SCOPES_SIGNALS else UID_DECIDES,
+            unconfined=UID_DECIDES,
+            inprocess=INPROCESS_SHARES,
+        ),
+    ),
+    Attack(
+        "nested_user_namespace",
+        # In a child: the kernel refuses unshare(CLONE_NEWUSER) in any threaded process anyway.
+        program("""
+            import ctypes, os
+            pid = os.fork()
+            if pid == 0:
+                libc = ctypes.CDLL(None, use_errno=True)
+                os._exit(0 if libc.unshare(0x10000000) == 0 else 1)
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise PermissionError("unshare(CLONE_NEWUSER) was refused")
+            "in a user namespace of its own"
+        """),
+        failed,
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            unconfined=Skip("isolation none filters no system calls: the kernel's settings decide (README)"),
+            inprocess=INPROCESS_UNSAFE,
+        ),
+        session="crash",
+    ),
+    Attack(
+        "remount_read_only_data_writable",
+        program("""
+            import ctypes, os
+            libc = ctypes.CDLL(None, use_errno=True)
+            MS_REMOUNT, MS_BIND = 32, 4096  # and no MS_RDONLY: read-write
+            libc.mount(None, os.path.realpath('data').encode(), None, MS_REMOUNT | MS_BIND, None)
+            open('data/victim.txt', 'w').write('remounted')
+        """),
+        data_intact("victim.txt", VICTIM_TEXT),
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            unconfined=Skip(
+                "with isolation none, data/ is no mount: data_folder_write_through_ctypes covers it"
+            ),
+            inprocess=Skip(f"{README_INPROCESS}: it would call mount(2) in the server itself"),
+        ),
+        session="crash",
+    ),
+    Attack(
+        "pyodide_learns_host_paths",
+        program("""
+            import js, pyodide_js
+            probes = [
+                lambda: js.Deno.execPath(), lambda: js.location.href, lambda: js.Error.new("x").stack,
+                lambda: js.Deno.cwd(), lambda: js.JSON.stringify(pyodide_js._api.config),
+                lambda: js.JSON.stringify(pyodide_js.loadedPackages), lambda: js.Deno.mainModule,
+                lambda: js.eval("new Error('y')").stack,
+            ]
+            seen = []
+            for probe in probes:
+                try:
+                    seen.append(str(probe()))
+                except Exception as error:
+                    seen.append(str(error))
+            "\n".join(seen)
+        """),
+        not_shown(f"{REPO}/", f"{Path.home()}/", f"{sys.prefix}/"),
+        pyodide_only(),
     ),
     # --- output floods ---
     Attack(
@@ -1289,13 +1529,14 @@ ATTACKS: list[Attack] = [
         "recursion_limit_lifted",
         "import sys\nsys.setrecursionlimit(10**6)\ndef dive(n):\n    return dive(n + 1)\ndive(0)",
         canary_intact,
+        # It ends well within the timeout: a traceback shows the first and last frames only.
         on(
-            pyodide=contained("RecursionError", "Timeout", "SandboxCrash", "MemoryLimit", "MemoryError"),
-            subprocess=contained("RecursionError", "Timeout", "SandboxCrash", "MemoryError"),
+            pyodide=contained("RecursionError", "SandboxCrash", "MemoryLimit", "MemoryError"),
+            subprocess=contained("RecursionError", "SandboxCrash", "MemoryError"),
             inprocess=Skip(f"{README_INPROCESS}: the recursion limit is the server's own"),
         ),
         session="crash",
-        timeout=2,
+        timeout=5,
     ),
     Attack(
         "code_over_the_size_limit",
@@ -1471,11 +1712,20 @@ ATTACKS: list[Attack] = [
             kids
         """),
         count_below(200),
+        # As root, RLIMIT_NPROC holds because each worker runs under a uid of its own.
         on(
             pyodide=BLOCKED,
-            subprocess=Skip("RLIMIT_NPROC is not enforced for root (README settings table)")
-            if IS_ROOT
-            else contained("BlockingIOError", "OSError", "SandboxCrash"),
+            subprocess=BLOCKED,
+            unconfined=ByWorkerUid(
+                root=Skip("RLIMIT_NPROC is not enforced for uid 0, and this worker keeps it (README)"),
+                server=BLOCKED,
+                own=BLOCKED,
+            ),
+            landlock=ByWorkerUid(
+                root=Skip("RLIMIT_NPROC is not enforced for uid 0, and this worker keeps it (README)"),
+                server=BLOCKED,
+                own=BLOCKED,
+            ),
             inprocess=Skip(f"{README_INPROCESS}: it would fork the server"),
         ),
         session="crash",
@@ -1488,6 +1738,7 @@ ATTACKS: list[Attack] = [
         on(
             pyodide=BLOCKED,
             subprocess=contained("OSError", "SandboxCrash"),
+            landlock=contained("PermissionError"),  # it may not write outside its folder at all
             inprocess=NotProtected(f"{README_INPROCESS}: rlimits apply to subprocess workers only"),
         ),
         session="crash",
@@ -1535,18 +1786,44 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     (outside / "secret.txt").write_text(OUTSIDE_TEXT)
     # An operator's link inside the data folder: the sandbox must not follow it out.
     (data / "link.txt").symlink_to(outside / "secret.txt")
-    return World(data=data, output=output)
+    # The server's HOME, as a developer's would be: a private key in ~/.ssh.
+    home = root / "home"
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    (home / ".ssh" / "id_ed25519").write_text(SSH_KEY_TEXT)
+    (home / ".ssh" / "id_ed25519").chmod(0o600)
+    return World(data=data, output=output, home=home)
 
 
 @pytest.fixture(scope="module")
 async def client(anyio_backend: str, backend: str, world: World) -> AsyncIterator[Client]:
     params = server_params(
-        MCP_SANDBOX_BACKEND=backend,
+        **SERVER_SETTINGS[backend],
         MCP_SANDBOX_DATA_DIR=str(world.data),
         MCP_SANDBOX_OUTPUT_DIR=str(world.output),
+        HOME=str(world.home),
+        MCP_SANDBOX_CACHE_DIR=str(Settings().cache_dir),  # Deno and Pyodide stay where they were fetched
     )
+    if (missing := tier_missing(backend)) is not None:
+        pytest.skip(f"{backend}: this machine does not offer that isolation tier: {missing}")
     async with Client(params) as connected:
         yield connected
+
+
+@functools.cache
+def tier_missing(backend: str) -> str | None:
+    """Why the server cannot start `backend` here (a forced isolation tier it lacks), or None."""
+    if not backend.startswith("subprocess"):
+        return None
+    done = subprocess.run(
+        [sys.executable, "-m", "mcp_sandbox", "run", "-"],
+        input="1",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **SERVER_SETTINGS[backend]},
+        check=False,
+    )
+    return None if done.returncode == 0 else done.stderr.strip()[-300:]
 
 
 async def workers_have_no_network(client: Client) -> bool:
@@ -1576,6 +1853,8 @@ async def test_attack(attack: Attack, backend: str, client: Client, world: World
     expected = attack.expected[backend]
     if isinstance(expected, IfIsolated):
         expected = expected.isolated if await workers_have_no_network(client) else expected.shared
+    if isinstance(expected, ByWorkerUid):
+        expected = expected.pick(backend)
     if isinstance(expected, Skip):
         pytest.skip(expected.why)
     session = attack.session

