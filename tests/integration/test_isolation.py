@@ -1,0 +1,166 @@
+"""The subprocess backend's OS sandbox: which tier runs, what says so, and what still works in it.
+
+The attacks on each tier are in tests/security/test_red_team.py; these are the user's side: the
+tier is chosen at start and named in the log, `doctor` and the tool description; a tier that
+fails falls to the next; numpy, pandas, matplotlib, data/, output/, tools and timeouts work.
+Docker's default seccomp profile (no new namespaces) is imitated by tests/no_namespaces.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from mcp_sandbox import Sandbox
+from tests.integration.conftest import TEST_ENV
+from tests.integration.test_cli import ENTRY_POINT, check_line, cli_env
+
+REPO = Path(__file__).resolve().parents[2]
+NO_NAMESPACES = [sys.executable, "-m", "tests.no_namespaces", "--"]
+NEITHER = [sys.executable, "-m", "tests.no_namespaces", "--no-landlock", "--"]
+
+PIPELINE = """
+import json, os
+import numpy as np, pandas as pd
+import matplotlib.pyplot as plt
+frame = pd.read_csv('data/numbers.csv')
+frame['square'] = np.square(frame['n'])
+frame.to_csv('output/squares.csv', index=False)
+plt.plot(frame['n'], frame['square'])
+plt.show()
+total = tools.local.add(a=int(frame['square'].sum()), b=1)
+(total, os.getcwd() != '/', open('output/squares.csv').read().count('\\n'))
+"""
+
+
+def tier_works(tier: str) -> str | None:
+    """None when the subprocess backend starts here with `tier`, else its error."""
+    done = subprocess.run(
+        [str(ENTRY_POINT), "run", "--backend", "subprocess", "-"],
+        input="1",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cli_env(MCP_SANDBOX_ISOLATION=tier),
+        check=False,
+        cwd=REPO,
+    )
+    return None if done.returncode == 0 else done.stderr[-300:]
+
+
+def run_under(prefix: list[str], code: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*prefix, str(ENTRY_POINT), "run", "--backend", "subprocess", "-"],
+        input=code,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(**settings),
+        check=False,
+        cwd=REPO,
+    )
+
+
+@pytest.mark.parametrize("tier", ["bubblewrap", "landlock"])
+async def test_what_users_rely_on_works_in_each_tier(anyio_backend: str, tier: str, tmp_path: Path) -> None:
+    if (problem := tier_works(tier)) is not None:
+        pytest.skip(f"this machine does not offer isolation {tier}: {problem}")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "numbers.csv").write_text("n\n1\n2\n3\n")
+    async with Sandbox(
+        backend="subprocess", isolation=tier, data_dir=data, pool_size=1, tools={"add": lambda a, b: a + b}
+    ) as sandbox:
+        done = await sandbox.run(PIPELINE, session_id="s", timeout=60)
+        assert done.success, done.error
+        assert done.result == "(15, True, 4)"
+        assert done.figures == 1
+        assert [file.name for file in done.files] == ["squares.csv"]
+        # A timeout interrupts the worker itself: the session and its variables survive.
+        slow = await sandbox.run("while True: pass", session_id="s", timeout=1)
+        assert (slow.error_type, slow.session_lost) == ("Timeout", False)
+        assert (await sandbox.run("len(frame)", session_id="s")).result == "3"
+
+
+async def test_the_tool_description_and_doctor_name_the_tier(anyio_backend: str, tmp_path: Path) -> None:
+    if tier_works("bubblewrap") is not None:
+        pytest.skip("this machine does not offer isolation bubblewrap")
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "mcp_sandbox"],
+        env={**TEST_ENV, "MCP_SANDBOX_BACKEND": "subprocess"},
+    )
+    async with Client(params) as client:
+        tools = {tool.name: tool.description or "" for tool in (await client.list_tools()).tools}
+    assert "inside a bubblewrap sandbox" in tools["execute_python"]
+    done = await anyio.run_process([str(ENTRY_POINT), "doctor"], env=cli_env(), cwd=tmp_path, check=False)
+    output = done.stdout.decode()
+    mark, detail = check_line(output, "isolation")
+    assert mark == "✓" and "(tier bubblewrap)" in detail, output
+
+
+def test_without_namespaces_it_falls_back_to_landlock_and_says_why(tmp_path: Path) -> None:
+    """As in Docker's default profile: bubblewrap cannot make namespaces, Landlock still works."""
+    if tier_works("landlock") is not None:
+        pytest.skip("this machine does not offer isolation landlock")
+    done = run_under(NO_NAMESPACES, "open('/etc/passwd').read()")
+    assert done.returncode == 1 and "PermissionError" in done.stderr, done.stderr
+    warning = next(line for line in done.stderr.splitlines() if "no bubblewrap isolation" in line)
+    assert "Operation not permitted" in warning and "fix: " in warning and "seccomp profile" in warning
+    assert "isolation landlock" in done.stderr  # the tier in force, in the log
+    doctor = subprocess.run(
+        [*NO_NAMESPACES, str(ENTRY_POINT), "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
+    mark, detail = check_line(doctor.stdout, "isolation")
+    assert mark == "✓" and "(tier landlock)" in detail and "not bubblewrap: " in detail, doctor.stdout
+
+
+def test_with_neither_it_warns_loudly_or_refuses_to_start(tmp_path: Path) -> None:
+    """No namespaces and no Landlock: workers run, with a warning everywhere, unless refused."""
+    done = run_under(NEITHER, "'ran'")
+    assert done.returncode == 0 and done.stdout.strip() == "'ran'", done.stderr
+    assert "isolation none" in done.stderr and "no OS sandbox" in done.stderr
+    refused = run_under(NEITHER, "'ran'", MCP_SANDBOX_REQUIRE_ISOLATION="true")
+    assert refused.returncode != 0 and "'ran'" not in refused.stdout
+    assert "MCP_SANDBOX_REQUIRE_ISOLATION" in refused.stderr.splitlines()[-1], refused.stderr
+    assert "Traceback" not in refused.stderr
+    for require, expected in (("false", "!"), ("true", "✗")):
+        doctor = subprocess.run(
+            [*NEITHER, str(ENTRY_POINT), "doctor"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=cli_env(MCP_SANDBOX_REQUIRE_ISOLATION=require),
+            cwd=tmp_path,
+        )
+        mark, detail = check_line(doctor.stdout, "isolation")
+        assert mark == expected and "(tier none)" in detail and "not landlock: " in detail, doctor.stdout
+
+
+def test_a_forced_tier_that_is_missing_is_a_clear_start_error() -> None:
+    done = run_under(NO_NAMESPACES, "1", MCP_SANDBOX_ISOLATION="bubblewrap")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "isolation 'bubblewrap' is not available here" in last and "Traceback" not in done.stderr, last
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid range is used only when the server runs as root")
+async def test_as_root_each_worker_runs_under_a_uid_of_its_own(anyio_backend: str) -> None:
+    if tier_works("bubblewrap") is not None:
+        pytest.skip("this machine does not offer isolation bubblewrap")
+    async with Sandbox(backend="subprocess", isolation="bubblewrap", pool_size=0) as sandbox:
+        first = await sandbox.run("import os\nos.getuid()", session_id="a")
+        second = await sandbox.run("import os\nos.getuid()", session_id="b")
+    uids = {int(first.result or 0), int(second.result or 0)}
+    assert len(uids) == 2 and all(64000 <= uid <= 64999 for uid in uids), (first, second)
