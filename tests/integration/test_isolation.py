@@ -8,6 +8,7 @@ Docker's default seccomp profile (no new namespaces) is imitated by tests/no_nam
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -164,3 +165,47 @@ async def test_as_root_each_worker_runs_under_a_uid_of_its_own(anyio_backend: st
         second = await sandbox.run("import os\nos.getuid()", session_id="b")
     uids = {int(first.result or 0), int(second.result or 0)}
     assert len(uids) == 2 and all(64000 <= uid <= 64999 for uid in uids), (first, second)
+
+
+BUBBLEWRAP_VIEW = """
+import os
+def refused(action):
+    try:
+        action()
+    except OSError as error:
+        return type(error).__name__
+    return 'allowed'
+def fill(path, megabytes):
+    with open(path, 'wb') as f:
+        for _ in range(megabytes):
+            f.write(b'x' * 2**20)
+status = dict(line.split(':', 1) for line in open('/proc/self/status').read().splitlines())
+{
+    'root': sorted(os.listdir('/')),
+    'etc': sorted(os.listdir('/etc')),
+    'tmp_70mb': refused(lambda: fill('/tmp/big', 70)),
+    'shm_20mb': refused(lambda: fill('/dev/shm/big', 20)),
+    'dev_write': refused(lambda: open('/dev/new', 'w')),
+    'capabilities': status['CapEff'].strip(),
+    'processes': len([name for name in os.listdir('/proc') if name.isdigit()]),
+}
+"""
+
+
+async def test_what_a_bubblewrap_worker_sees(anyio_backend: str) -> None:
+    """The root holds only what Python needs; /tmp and /dev/shm are capped; /dev is read-only."""
+    if tier_works("bubblewrap") is not None:
+        pytest.skip("this machine does not offer isolation bubblewrap")
+    async with Sandbox(backend="subprocess", isolation="bubblewrap", pool_size=0) as sandbox:
+        done = await sandbox.run(BUBBLEWRAP_VIEW, timeout=60)
+    assert done.success, done.error
+    view = ast.literal_eval(done.result or "")
+    # The system's folders, the sandbox's own, and the top folders of Python's prefixes.
+    allowed = {"usr", "lib", "lib64", "bin", "sbin", "etc", "opt", "sandbox", "proc", "dev", "tmp"}
+    allowed |= {Path(prefix).resolve().parts[1] for prefix in (sys.prefix, sys.base_prefix)}
+    assert set(view["root"]) <= allowed, view["root"]
+    assert view["etc"] == ["ld.so.cache", "localtime"] or view["etc"] == ["ld.so.cache"], view["etc"]
+    assert view["tmp_70mb"] == "OSError" and view["shm_20mb"] == "OSError", view
+    assert view["dev_write"] in ("OSError", "PermissionError"), view
+    assert view["capabilities"] == "0000000000000000", view
+    assert view["processes"] <= 3, view  # bubblewrap's init, the worker, and nothing of the host

@@ -107,9 +107,10 @@ class PyodideBackend(Backend):
         self._pyodide_dir = found[0]
         self._snapshot = await self._make_snapshot()
         logger.info(
-            "Pyodide %s ready in %s%s",
+            "Pyodide %s ready in %s, runner in %s%s",
             self._version,
             self._pyodide_dir,
+            self._runner,
             " (sandboxes start from a memory snapshot)" if self._snapshot else "",
         )
 

@@ -1,0 +1,94 @@
+"""What each isolation tier of the subprocess backend costs: cold start and a warm call.
+
+    .venv/bin/python bench/bench_isolation.py [--starts 20] [--calls 200] [--json PATH]
+
+Each tier the machine offers gets its own `SubprocessBackend` in this process (no MCP): a cold
+start is `Backend.start()`, process spawn to the worker's `ready`, after one start to warm the
+page cache; a warm call is `Executor.run('1 + 1')` in one started worker. A tier this machine
+lacks is reported as such. Run against a checkout without tiers, it measures its one backend
+(the "before" column of a comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from mcp_sandbox.app import create_backend
+from mcp_sandbox.backends.base import Backend, ExecutorHooks, SandboxStartError, no_progress
+from mcp_sandbox.settings import Settings
+
+NO_HOOKS = ExecutorHooks(None, no_progress)
+CODE = "1 + 1"
+PHASE_LIMIT_S = 300
+
+
+async def measure_tier(tier: str | None, starts: int, calls: int) -> dict[str, Any]:
+    options: dict[str, Any] = {"backend": "subprocess"}
+    if tier is not None:
+        options["isolation"] = tier
+    with anyio.fail_after(PHASE_LIMIT_S):
+        async with anyio.create_task_group() as group:
+            backend: Backend = create_backend(Settings.model_validate(options), NO_HOOKS, group)
+            try:
+                await backend.prepare()
+            except SandboxStartError as error:
+                return {"missing": str(error)[:200]}
+            await (await backend.start()).close()  # the page cache, not the tier, pays for this one
+            cold: list[float] = []
+            for _ in range(starts):
+                started = time.perf_counter()
+                executor = await backend.start()
+                cold.append((time.perf_counter() - started) * 1000)
+                await executor.close()
+            executor = await backend.start()
+            warm: list[float] = []
+            try:
+                for _ in range(calls):
+                    started = time.perf_counter()
+                    result = await executor.run(CODE, 10)
+                    warm.append((time.perf_counter() - started) * 1000)
+                    if not result.success:
+                        raise RuntimeError(f"{tier}: {result.error}")
+            finally:
+                await executor.close()
+    return {
+        "cold_start_median_ms": statistics.median(cold),
+        "cold_start_samples_ms": cold,
+        "warm_run_p50_ms": statistics.median(warm),
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--starts", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    tiers: list[str | None] = (
+        ["bubblewrap", "landlock", "none"] if "isolation" in Settings.model_fields else [None]
+    )
+    results: dict[str, Any] = {}
+    for tier in tiers:
+        print(f"measuring {tier or 'subprocess'} ...", file=sys.stderr)
+        results[tier or "subprocess"] = await measure_tier(tier, args.starts, args.calls)
+    print(f"subprocess backend, {args.starts} cold starts and {args.calls} warm calls of {CODE!r} per tier")
+    print(f"{'':<28}{'cold start p50':>16}{'warm run p50':>14}")
+    for name, row in results.items():
+        if "missing" in row:
+            print(f"{name:<28}  not on this machine: {row['missing']}")
+            continue
+        print(f"{name:<28}{row['cold_start_median_ms']:>13.1f} ms{row['warm_run_p50_ms']:>11.3f} ms")
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    anyio.run(main)
