@@ -12,7 +12,7 @@ import sys
 
 import pyseccomp as sc  # type: ignore[import-untyped]
 
-CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+from mcp_sandbox.backends.subprocess.isolation import CLONE_NAMESPACES
 
 
 def main(argv: list[str]) -> None:
