@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 import binascii
 import mimetypes
+import os
 import posixpath
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +35,8 @@ SandboxErrorType = Literal["Timeout", "MemoryLimit", "SandboxCrash", "Rejected"]
 GUEST_OUTCOME: TypeAdapter[GuestOutcome] = TypeAdapter(GuestOutcome)
 
 #: Reads output/`path` of one sandbox (the guest's file entry, the checked path), or None.
-ReadOutputFile = Callable[[GuestFile, str], "bytes | None"]
+#: Reads output/`path` (at most the given number of bytes + 1), or None when it cannot.
+ReadOutputFile = Callable[[GuestFile, str, int], "bytes | None"]
 
 
 def cap_outcome(outcome: GuestOutcome, limit: int) -> GuestOutcome:
@@ -98,16 +101,40 @@ def safe_output_path(path: str) -> str | None:
     return normal
 
 
-def read_output_file(workdir: Path, path: str) -> bytes | None:
-    """output/`path` under `workdir`, if it is a regular file really inside output/ (no links out)."""
-    root = (workdir / OUTPUT_DIR).resolve()
-    target = (root / path).resolve()
-    if not target.is_relative_to(root) or not target.is_file():
-        return None
+def read_output_file(workdir: Path, path: str, limit: int) -> bytes | None:
+    """output/`path` under `workdir`: at most `limit` + 1 bytes of a regular file really inside
+    output/, or None. The sandbox may still be running and swapping names for links (to a host
+    file, or /dev/zero), so each part of the path is opened without following links, from the
+    folder opened before it, and the file is read from the descriptor that was checked."""
+    parts = path.split("/")
+    no_links = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        return target.read_bytes()
+        folder = os.open(workdir / OUTPUT_DIR, os.O_RDONLY | os.O_DIRECTORY | no_links)
     except OSError:
         return None
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | no_links, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        fd = os.open(parts[-1], os.O_RDONLY | no_links, dir_fd=folder)
+    except OSError:
+        return None
+    finally:
+        os.close(folder)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class ExecutionResult(BaseModel):
@@ -220,14 +247,12 @@ class ExecutionResult(BaseModel):
         listed: list[OutputFile] = []
         for file in files[: limits["max_files"]]:
             path = safe_output_path(file["path"])
-            data = read_file(file, path) if path is not None else None
+            data = read_file(file, path, budget) if path is not None else None
             if path is None or data is None:
                 notes.append(f"output/{file['path'][:200]} could not be read back")
                 continue
             if len(data) > budget:
-                notes.append(
-                    f"output/{path} ({len(data):,} bytes) left out: over MCP_SANDBOX_MAX_OUTPUT_MB in all"
-                )
+                notes.append(f"output/{path} left out: over MCP_SANDBOX_MAX_OUTPUT_MB in all")
                 continue
             budget -= len(data)
             self.artifacts.files[path] = data

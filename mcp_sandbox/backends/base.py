@@ -190,7 +190,7 @@ class Executor(ABC):
     async def _await_outcome(self) -> GuestOutcome:
         """Wait for the submitted program to finish. Raises SandboxDied."""
 
-    def _read_output_file(self, file: GuestFile, path: str) -> bytes | None:
+    def _read_output_file(self, file: GuestFile, path: str, limit: int) -> bytes | None:
         """The bytes of output/`path`: sent inline by the guest unless a backend can read its disk."""
         return decode_base64(file["data"]) if "data" in file else None
 

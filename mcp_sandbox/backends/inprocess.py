@@ -183,8 +183,8 @@ class InProcessExecutor(Executor):
             raise SandboxDied("the in-process session thread failed")
         return GUEST_OUTCOME.validate_python(job.outcome)
 
-    def _read_output_file(self, file: GuestFile, path: str) -> bytes | None:
-        return read_output_file(self._workdir, path)
+    def _read_output_file(self, file: GuestFile, path: str, limit: int) -> bytes | None:
+        return read_output_file(self._workdir, path, limit)
 
     def _from_guest(self, payload: str) -> None:
         """A RunnerMessage from the guest's ToolChannel, on the session thread: it goes to the

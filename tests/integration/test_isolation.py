@@ -209,3 +209,41 @@ async def test_what_a_bubblewrap_worker_sees(anyio_backend: str) -> None:
     assert view["dev_write"] in ("OSError", "PermissionError"), view
     assert view["capabilities"] == "0000000000000000", view
     assert view["processes"] <= 3, view  # bubblewrap's init, the worker, and nothing of the host
+
+
+SWAPPER = """
+import os, time
+if os.fork() == 0:
+    end = time.time() + 20
+    while time.time() < end:
+        for k in range(20):
+            try:
+                os.symlink(@SECRET@, f"output/.l{k}")
+                os.rename(f"output/.l{k}", f"output/a{k}.txt")
+                with open(f"output/.f{k}", "w") as f:
+                    f.write("harmless")
+                os.rename(f"output/.f{k}", f"output/a{k}.txt")
+            except OSError:
+                pass
+    os._exit(0)
+"swapping"
+"""
+
+
+@pytest.mark.parametrize("tier", ["bubblewrap", "landlock"])
+async def test_a_file_swapped_for_a_link_is_never_read_through(
+    anyio_backend: str, tier: str, tmp_path: Path
+) -> None:
+    """A process the program leaves running swaps output/ files for links to a host file while
+    the server reads them back: the server must never follow one (it runs as root)."""
+    if (problem := tier_works(tier)) is not None:
+        pytest.skip(f"this machine does not offer isolation {tier}: {problem}")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET")
+    secret.chmod(0o644)
+    async with Sandbox(backend="subprocess", isolation=tier, pool_size=0) as sandbox:
+        started = await sandbox.run(SWAPPER.replace("@SECRET@", repr(str(secret))), session_id="s")
+        assert started.result == "'swapping'", started.error
+        for _ in range(150):  # before the fix, the secret came back within 20 calls
+            done = await sandbox.run("import time\ntime.sleep(0.01)", session_id="s")
+            assert all(b"TOPSECRET" not in data for data in done.artifacts.files.values())

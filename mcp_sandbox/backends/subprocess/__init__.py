@@ -224,7 +224,12 @@ class SubprocessBackend(Backend):
         else:
             # The worker drops to its own uid first thing; that takes these two, then none is left.
             args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-        made = {"/"}
+        # The sandbox's own /proc, /dev and /tmp come first: a Python under the host's /tmp (a
+        # virtual environment made there) is bound on top of them, not hidden beneath.
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+        args += ["--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
+        made = {"/", "/proc", "/dev", "/tmp"}
 
         def parents(path: str) -> None:
             # bubblewrap makes missing folders 0700, which a worker under its own uid cannot enter.
@@ -246,9 +251,6 @@ class SubprocessBackend(Backend):
         if self._settings.data_dir is not None:
             # The folder itself, never a link to it, and read-only.
             args += ["--ro-bind", str(self._settings.data_dir.resolve()), f"{SANDBOX_HOME}/{DATA_DIR}"]
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        args += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-        args += ["--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
         # No --chdir: bwrap has no capability left to enter a folder owned by the worker's uid;
         # the worker enters HOME itself once it is that uid.
         args += ["--setenv", "HOME", SANDBOX_HOME, "--setenv", "TMPDIR", "/tmp"]
@@ -308,8 +310,8 @@ class SubprocessExecutor(ProcessExecutor):
         self.uid: int | None = None
         self.uids: WorkerUids | None = None
 
-    def _read_output_file(self, file: GuestFile, path: str) -> bytes | None:
-        return read_output_file(self._workdir, path)
+    def _read_output_file(self, file: GuestFile, path: str, limit: int) -> bytes | None:
+        return read_output_file(self._workdir, path, limit)
 
     async def interrupt(self) -> None:
         if self._process.returncode is None:
