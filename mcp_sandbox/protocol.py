@@ -331,7 +331,8 @@ class Confinement(TypedDict):
 
 class ProcessLimits(TypedDict):
     """What the CPython worker does to itself before anything else (JSON, its one argument):
-    resource limits; as root, become ``uid``; with ``confine``, Landlock and seccomp."""
+    resource limits; as root, become ``uid`` (and drop every capability); with ``confine``,
+    Landlock and seccomp."""
 
     memory_mb: int
     cpu_seconds: int
@@ -339,6 +340,8 @@ class ProcessLimits(TypedDict):
     file_mb: int
     processes: int
     uid: int | None
+    #: With ``uid``: keep CAP_DAC_READ_SEARCH (a Python other users cannot read, outside bubblewrap).
+    read_anything: bool
     confine: Confinement | None
 
 

@@ -247,3 +247,55 @@ async def test_a_file_swapped_for_a_link_is_never_read_through(
         for _ in range(150):  # before the fix, the secret came back within 20 calls
             done = await sandbox.run("import time\ntime.sleep(0.01)", session_id="s")
             assert all(b"TOPSECRET" not in data for data in done.artifacts.files.values())
+
+
+LEFT_RUNNING = """
+import os, time
+for detach in (False, True):
+    if os.fork() == 0:
+        if detach:
+            try:
+                os.setsid()  # out of the worker's process group, where allowed
+            except OSError:
+                pass
+        time.sleep(60)
+        os._exit(0)
+os.getuid()
+"""
+
+
+def processes_of(uid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and entry.stat().st_uid == uid:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="workers have uids of their own only when the server is root")
+@pytest.mark.parametrize("tier", ["bubblewrap", "landlock", "none"])
+async def test_no_capability_is_left_and_nothing_outlives_the_session(anyio_backend: str, tier: str) -> None:
+    if (problem := tier_works(tier)) is not None:
+        pytest.skip(f"this machine does not offer isolation {tier}: {problem}")
+    async with Sandbox(backend="subprocess", isolation=tier, pool_size=0) as sandbox:
+        done = await sandbox.run(LEFT_RUNNING, session_id="s")
+        assert done.success, done.error
+        uid = int(done.result or 0)
+        assert 64000 <= uid <= 64999
+        assert len(processes_of(uid)) >= 3, "the worker and its two children should be running"
+        for pid in processes_of(uid):  # read on the host: Landlock hides /proc from the worker
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+            effective, bounding = int(status["CapEff"], 16), int(status["CapBnd"], 16)
+            # None at all; outside bubblewrap, CAP_DAC_READ_SEARCH alone (bit 2) for a Python only
+            # root can read.
+            allowed = {0} if tier == "bubblewrap" else {0, 1 << 2}
+            assert effective in allowed and bounding in allowed, (tier, status["CapEff"], status["CapBnd"])
+        assert await sandbox.reset("s") is True
+        for _ in range(50):
+            if not processes_of(uid):
+                break
+            await anyio.sleep(0.1)
+        assert processes_of(uid) == [], "a process the session started outlived it"

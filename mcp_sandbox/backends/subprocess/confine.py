@@ -135,6 +135,56 @@ def apply_landlock(read_only: list[str], read_write: list[str]) -> int:
     return abi
 
 
+CAP_DAC_READ_SEARCH = 2
+PR_CAPBSET_DROP, PR_SET_KEEPCAPS = 24, 8
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def become(uid: int, read_anything: bool) -> None:
+    """From root to `uid` with no capability left, not even in the bounding set; with
+    `read_anything`, CAP_DAC_READ_SEARCH alone stays, so a Python other users cannot read (under
+    a private home) still loads. Raises OSError."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as last:
+            last_cap = int(last.read())
+    except (OSError, ValueError):
+        last_cap = 63
+    kept = {CAP_DAC_READ_SEARCH} if read_anything else set()
+    for cap in range(last_cap + 1):
+        # Needs CAP_SETPCAP; bubblewrap gives it. Without it the bounding set stays, and
+        # no_new_privs (set by the seccomp filter) keeps it from ever being used.
+        if (
+            cap not in kept
+            and _prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
+            and ctypes.get_errno() != errno.EPERM
+        ):
+            raise _failed(f"prctl(PR_CAPBSET_DROP, {cap})")
+    if kept and _prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
+        raise _failed("prctl(PR_SET_KEEPCAPS)")
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)  # every capability but those kept above goes with uid 0
+    if kept:
+        bits = sum(1 << cap for cap in kept)
+        data = (_CapData * 2)(_CapData(bits, bits, 0), _CapData(0, 0, 0))
+        header = _CapHeader(_CAPABILITY_VERSION_3, 0)
+        if _libc.capset(ctypes.byref(header), data) != 0:
+            raise _failed("capset")
+        _prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0)
+
+
 def install_seccomp(program: bytes) -> None:
     """Install a seccomp filter: `program` is an array of struct sock_filter, as libseccomp's
     seccomp_export_bpf writes it. Raises OSError or ValueError."""

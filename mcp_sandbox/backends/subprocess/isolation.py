@@ -60,18 +60,21 @@ DENIED_SYSCALLS = (
     "settimeofday", "clock_settime", "iopl", "ioperm", "io_uring_setup", "io_uring_enter",
     "io_uring_register",
 )  # fmt: skip
-#: Also denied when a worker keeps uid 0 (root can change any file's owner, mode or times).
-METADATA_SYSCALLS = (
-    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "setxattr",
-    "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "utime", "utimes",
-    "utimensat", "futimesat", "mknod", "mknodat", "sethostname", "setdomainname", "setuid", "setgid",
+#: Denied too: SysV IPC (outside bubblewrap it is the host's, and outlives the worker), and
+#: watching files (Landlock does not cover inotify and fanotify).
+IPC_AND_WATCH_SYSCALLS = (
+    "shmget", "shmat", "msgget", "semget", "inotify_init", "inotify_init1", "inotify_add_watch",
+    "fanotify_init", "fanotify_mark", "setsid", "setpgid", "pidfd_getfd", "process_madvise", "kcmp",
 )  # fmt: skip
-#: socket() families refused: unix (host sockets by path), IP, netlink and raw packets.
-DENIED_SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16, "AF_PACKET": 17}
+#: Calls that act on another process when this argument is not 0.
+OTHER_PROCESS_SYSCALLS = {
+    "prlimit64": 0, "setpriority": 1, "sched_setaffinity": 0, "sched_setscheduler": 0,
+    "sched_setparam": 0, "sched_setattr": 0, "ioprio_set": 1, "migrate_pages": 0, "move_pages": 0,
+}  # fmt: skip
 CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 
 
-def build_seccomp(keeps_root: bool) -> bytes:
+def build_seccomp() -> bytes:
     """The seccomp filter (struct sock_filter array for this machine) for tiers bubblewrap and
     landlock. Raises OSError when libseccomp (through pyseccomp) is not available."""
     try:
@@ -81,16 +84,21 @@ def build_seccomp(keeps_root: bool) -> bytes:
     denied = sc.ERRNO(errno.EPERM)
     rules = sc.SyscallFilter(sc.ALLOW)
     rules.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)  # i386 and x32 calls would dodge the rules
-    for name in DENIED_SYSCALLS + (METADATA_SYSCALLS if keeps_root else ()):
+    for name in DENIED_SYSCALLS + IPC_AND_WATCH_SYSCALLS:
         if sc.resolve_syscall(sc.Arch.NATIVE, name) >= 0:
             rules.add_rule(denied, name)
     rules.add_rule(denied, "personality", sc.Arg(0, sc.NE, 0xFFFFFFFF))  # querying it stays allowed
+    # Another process's limits, priority or scheduling (the server's, if it shares the uid): only
+    # the worker's own (pid or `who` 0) stay allowed.
+    for name, argument in OTHER_PROCESS_SYSCALLS.items():
+        if sc.resolve_syscall(sc.Arch.NATIVE, name) >= 0:
+            rules.add_rule(denied, name, sc.Arg(argument, sc.NE, 0))
     for flag in CLONE_NAMESPACES:
         rules.add_rule(denied, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # its flags are out of reach: libc falls back to clone
-    for family in DENIED_SOCKET_FAMILIES.values():
-        # The kernel reads the family as a 32-bit int: compare only those bits.
-        rules.add_rule(denied, "socket", sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, family))
+    # No sockets of any family (unix, IP, netlink, packet, vsock, ...): the worker talks to the
+    # host over inherited pipes, and socketpair() stays for what Python needs inside.
+    rules.add_rule(denied, "socket")
     with tempfile.TemporaryFile() as exported:
         rules.export_bpf(exported)
         exported.seek(0)
@@ -193,6 +201,8 @@ class Isolation:
     unshare: list[str] = field(default_factory=list)
     #: As root: the uids workers run under; None keeps the server's uid.
     uids: WorkerUids | None = None
+    #: Workers under their own uid keep CAP_DAC_READ_SEARCH (to load a Python only root can read).
+    read_anything: bool = False
 
     def describe(self) -> str:
         """One clause for the tool description, true for this tier."""
@@ -207,7 +217,7 @@ class Isolation:
                 "confined by Landlock and seccomp: it reads only Python's own files, writes only its "
                 f"working directory, and has no network{own_uid}"
             )
-        network = "no network" if self.unshare else "the host's network"
+        network = "no IP network" if self.unshare else "the host's network"
         return f"with no OS sandbox around it (it can read the host's files), and {network}{own_uid}"
 
 

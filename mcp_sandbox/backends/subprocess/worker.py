@@ -58,17 +58,16 @@ def apply_limits(limits: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 5))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_mb"] * mb,) * 2)
-    if limits.get("uid") is not None:
-        os.setgroups([])
-        os.setgid(limits["uid"])
-        os.setuid(limits["uid"])  # from root to another uid: every capability goes with it
+    if limits["uid"] is not None or limits["confine"] is not None:
+        confine = load_sibling("confine")  # ctypes: a few milliseconds, for those who need it
+    if limits["uid"] is not None:
+        confine.become(limits["uid"], limits["read_anything"])
     os.chdir(os.environ.get("HOME", "."))  # the working directory, entered as the worker's own uid
     os.environ.pop("PWD", None)  # bubblewrap sets it; the worker's environment holds only what the host gave
     if os.path.isdir("/proc"):
         # A margin over what this uid already runs: enough for threads, not for a fork bomb.
         resource.setrlimit(resource.RLIMIT_NPROC, (processes_of_this_user() + limits["processes"],) * 2)
-    if limits.get("confine") is not None:
-        confine = load_sibling("confine")
+    if limits["confine"] is not None:
         rules = limits["confine"]
         confine.apply_landlock(rules["read_only"], [*rules["read_write"], os.getcwd()])
         confine.install_seccomp(base64.b64decode(rules["seccomp"]))
