@@ -19,6 +19,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from mcp_sandbox import Sandbox
+from tests.conftest import missing_tier
 from tests.integration.conftest import TEST_ENV
 from tests.integration.test_cli import ENTRY_POINT, check_line, cli_env
 
@@ -71,7 +72,7 @@ def run_under(prefix: list[str], code: str, **settings: str) -> subprocess.Compl
 @pytest.mark.parametrize("tier", ["bubblewrap", "landlock"])
 async def test_what_users_rely_on_works_in_each_tier(anyio_backend: str, tier: str, tmp_path: Path) -> None:
     if (problem := tier_works(tier)) is not None:
-        pytest.skip(f"this machine does not offer isolation {tier}: {problem}")
+        missing_tier(tier, problem)
     data = tmp_path / "data"
     data.mkdir()
     (data / "numbers.csv").write_text("n\n1\n2\n3\n")
@@ -90,8 +91,8 @@ async def test_what_users_rely_on_works_in_each_tier(anyio_backend: str, tier: s
 
 
 async def test_the_tool_description_and_doctor_name_the_tier(anyio_backend: str, tmp_path: Path) -> None:
-    if tier_works("bubblewrap") is not None:
-        pytest.skip("this machine does not offer isolation bubblewrap")
+    if (problem := tier_works("bubblewrap")) is not None:
+        missing_tier("bubblewrap", problem)
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "mcp_sandbox"],
@@ -108,8 +109,8 @@ async def test_the_tool_description_and_doctor_name_the_tier(anyio_backend: str,
 
 def test_without_namespaces_it_falls_back_to_landlock_and_says_why(tmp_path: Path) -> None:
     """As in Docker's default profile: bubblewrap cannot make namespaces, Landlock still works."""
-    if tier_works("landlock") is not None:
-        pytest.skip("this machine does not offer isolation landlock")
+    if (problem := tier_works("landlock")) is not None:
+        missing_tier("landlock", problem)
     done = run_under(NO_NAMESPACES, "open('/etc/passwd').read()")
     assert done.returncode == 1 and "PermissionError" in done.stderr, done.stderr
     warning = next(line for line in done.stderr.splitlines() if "no bubblewrap isolation" in line)
@@ -158,8 +159,8 @@ def test_a_forced_tier_that_is_missing_is_a_clear_start_error() -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid range is used only when the server runs as root")
 async def test_as_root_each_worker_runs_under_a_uid_of_its_own(anyio_backend: str) -> None:
-    if tier_works("bubblewrap") is not None:
-        pytest.skip("this machine does not offer isolation bubblewrap")
+    if (problem := tier_works("bubblewrap")) is not None:
+        missing_tier("bubblewrap", problem)
     async with Sandbox(backend="subprocess", isolation="bubblewrap", pool_size=0) as sandbox:
         first = await sandbox.run("import os\nos.getuid()", session_id="a")
         second = await sandbox.run("import os\nos.getuid()", session_id="b")
@@ -194,8 +195,8 @@ status = dict(line.split(':', 1) for line in open('/proc/self/status').read().sp
 
 async def test_what_a_bubblewrap_worker_sees(anyio_backend: str) -> None:
     """The root holds only what Python needs; /tmp and /dev/shm are capped; /dev is read-only."""
-    if tier_works("bubblewrap") is not None:
-        pytest.skip("this machine does not offer isolation bubblewrap")
+    if (problem := tier_works("bubblewrap")) is not None:
+        missing_tier("bubblewrap", problem)
     async with Sandbox(backend="subprocess", isolation="bubblewrap", pool_size=0) as sandbox:
         done = await sandbox.run(BUBBLEWRAP_VIEW, timeout=60)
     assert done.success, done.error
@@ -237,7 +238,7 @@ async def test_a_file_swapped_for_a_link_is_never_read_through(
     """A process the program leaves running swaps output/ files for links to a host file while
     the server reads them back: the server must never follow one (it runs as root)."""
     if (problem := tier_works(tier)) is not None:
-        pytest.skip(f"this machine does not offer isolation {tier}: {problem}")
+        missing_tier(tier, problem)
     secret = tmp_path / "secret.txt"
     secret.write_text("TOPSECRET")
     secret.chmod(0o644)
@@ -279,7 +280,7 @@ def processes_of(uid: int) -> list[int]:
 @pytest.mark.parametrize("tier", ["bubblewrap", "landlock", "none"])
 async def test_no_capability_is_left_and_nothing_outlives_the_session(anyio_backend: str, tier: str) -> None:
     if (problem := tier_works(tier)) is not None:
-        pytest.skip(f"this machine does not offer isolation {tier}: {problem}")
+        missing_tier(tier, problem)
     async with Sandbox(backend="subprocess", isolation=tier, pool_size=0) as sandbox:
         done = await sandbox.run(LEFT_RUNNING, session_id="s")
         assert done.success, done.error

@@ -34,6 +34,7 @@ from mcp import Client
 from mcp_sandbox.backends.subprocess.confine import landlock_abi
 from mcp_sandbox.backends.subprocess.isolation import python_readable_by_anyone
 from mcp_sandbox.settings import Settings
+from tests.conftest import missing_tier
 from tests.integration.conftest import TEST_ENV, free_port, server_params
 
 pytestmark = pytest.mark.anyio
@@ -1861,7 +1862,7 @@ async def client(anyio_backend: str, backend: str, world: World) -> AsyncIterato
         MCP_SANDBOX_CACHE_DIR=str(Settings().cache_dir),  # Deno and Pyodide stay where they were fetched
     )
     if (missing := tier_missing(backend)) is not None:
-        pytest.skip(f"{backend}: this machine does not offer that isolation tier: {missing}")
+        missing_tier(SERVER_SETTINGS[backend]["MCP_SANDBOX_ISOLATION"], missing)
     async with Client(params) as connected:
         yield connected
 
