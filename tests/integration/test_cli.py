@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,7 +95,9 @@ def test_a_timeout_exits_1(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_exits_quietly(tmp_path: Path) -> None:
-    started = tmp_path / "started"
+    # In the host's /tmp, which a worker with isolation none (under a uid of its own) may write.
+    started = Path(tempfile.gettempdir()) / f"mcp-sandbox-ctrl-c-{os.getpid()}"
+    started.unlink(missing_ok=True)
     process = subprocess.Popen(
         [str(ENTRY_POINT), "run", "--backend", "subprocess", "-"],
         stdin=subprocess.PIPE,
@@ -113,6 +116,7 @@ def test_ctrl_c_exits_quietly(tmp_path: Path) -> None:
     while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)
+    started.unlink(missing_ok=True)
     assert process.wait(timeout=20) == 130
     assert process.stderr.read() == "" and process.stdout.read() == ""
 

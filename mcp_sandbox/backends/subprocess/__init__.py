@@ -44,6 +44,7 @@ from mcp_sandbox.backends.subprocess.isolation import (
     build_seccomp,
     find_bwrap,
     interpreter_paths,
+    kill_processes_of,
     python_readable_by_anyone,
 )
 from mcp_sandbox.protocol import DATA_DIR, GuestFile, ProcessLimits
@@ -276,27 +277,6 @@ async def _exits_cleanly(command: list[str]) -> bool:
     with anyio.move_on_after(10):
         return (await anyio.run_process(command, check=False)).returncode == 0
     return False
-
-
-def kill_processes_of(uid: int, rounds: int = 5) -> None:
-    """SIGKILL every process whose real uid is `uid` (a worker's own), a few rounds over, since
-    one may fork while the list is read."""
-    for _ in range(rounds):
-        found = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                status = Path(f"/proc/{entry}/status").read_text()
-                real_uid = int(status.split("\nUid:", 1)[1].split()[0])
-            except (OSError, IndexError, ValueError):
-                continue
-            if real_uid == uid:
-                found = True
-                with contextlib.suppress(OSError):
-                    os.kill(int(entry), signal.SIGKILL)
-        if not found:
-            return
 
 
 def _sandbox_worker_pid(info_fd: int) -> int | None:

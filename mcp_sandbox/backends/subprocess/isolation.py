@@ -13,10 +13,13 @@ RLIMIT_NPROC holds per worker (the kernel exempts uid 0 from it).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import logging
 import os
 import shutil
+import signal
 import stat
 import sys
 import sysconfig
@@ -169,25 +172,73 @@ def python_readable_by_anyone() -> bool:
 
 @dataclass
 class WorkerUids:
-    """Hands out the uids workers run under when the server is root, one per live worker."""
+    """Hands out the uids workers run under when the server is root, one per live worker.
+
+    A uid is the host's, so every server on the machine shares the range: each holds a lock
+    file per uid it uses (flock, let go when the server dies), and a uid found locked by another
+    server is passed over."""
 
     first: int
     last: int
-    _free: list[int] = field(default_factory=list)
-    _next: int = -1
+    _held: dict[int, int] = field(default_factory=dict)  # uid -> its lock file's descriptor
+    _folder: Path | None = None
 
     def take(self) -> int:
-        if self._free:
-            return self._free.pop()
-        self._next = self.first if self._next < 0 else self._next + 1
-        if self._next > self.last:
-            raise OSError(
-                errno.EAGAIN, f"every worker uid {self.first}-{self.last} is in use (MCP_SANDBOX_WORKER_UIDS)"
-            )
-        return self._next
+        folder = self._lock_folder()
+        for uid in range(self.first, self.last + 1):
+            if uid in self._held:
+                continue
+            fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # another server's worker has it
+            self._held[uid] = fd
+            if os.fstat(fd).st_size > 0:
+                kill_processes_of(uid)  # a server died holding it: what it left, nobody owns now
+            os.write(fd, str(os.getpid()).encode())
+            return uid
+        raise OSError(
+            errno.EAGAIN, f"every worker uid {self.first}-{self.last} is in use (MCP_SANDBOX_WORKER_UIDS)"
+        )
 
     def give_back(self, uid: int) -> None:
-        self._free.append(uid)
+        fd = self._held.pop(uid, None)
+        if fd is not None:
+            os.ftruncate(fd, 0)  # empty: given back with nothing left running under it
+            os.close(fd)  # the lock goes with it
+
+    def _lock_folder(self) -> Path:
+        if self._folder is None:
+            base = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
+            folder = base / "mcp-sandbox-uids"
+            folder.mkdir(mode=0o700, exist_ok=True)
+            if folder.lstat().st_uid != os.geteuid() or not stat.S_ISDIR(folder.lstat().st_mode):
+                raise OSError(errno.EPERM, f"{folder} is not a folder of this user's")
+            self._folder = folder
+        return self._folder
+
+
+def kill_processes_of(uid: int, rounds: int = 5) -> None:
+    """SIGKILL every process whose real uid is `uid` (a worker's own), a few rounds over, since
+    one may fork while the list is read."""
+    for _ in range(rounds):
+        found = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                status = Path(f"/proc/{entry}/status").read_text()
+                real_uid = int(status.split("\nUid:", 1)[1].split()[0])
+            except (OSError, IndexError, ValueError):
+                continue
+            if real_uid == uid:
+                found = True
+                with contextlib.suppress(OSError):
+                    os.kill(int(entry), signal.SIGKILL)
+        if not found:
+            return
 
 
 @dataclass
