@@ -223,7 +223,6 @@ class SubprocessBackend(Backend):
         else:
             # The worker drops to its own uid first thing; that takes these, then none is left.
             args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-            args += ["--cap-add", "CAP_SETPCAP"]  # to empty its bounding set before the drop
         # The sandbox's own /proc, /dev and /tmp come first: a Python under the host's /tmp (a
         # virtual environment made there) is bound on top of them, not hidden beneath.
         args += ["--proc", "/proc", "--dev", "/dev"]
@@ -245,7 +244,7 @@ class SubprocessBackend(Backend):
             parents(path)
             args += ["--ro-bind", path, path]
             made.add(path)
-        for name in ("worker.py", "confine.py"):
+        for name in ("worker.py",):
             args += ["--ro-bind", str(WORKER.with_name(name)), f"{SANDBOX_RUNTIME}/{name}"]
         args += ["--bind", str(workdir), SANDBOX_HOME]
         if self._settings.data_dir is not None:

@@ -58,10 +58,17 @@ def apply_limits(limits: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 5))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_mb"] * mb,) * 2)
-    if limits["uid"] is not None or limits["confine"] is not None:
-        confine = load_sibling("confine")  # ctypes: a few milliseconds, for those who need it
-    if limits["uid"] is not None:
+    # ctypes costs milliseconds at every start: only Landlock and a capability kept need it.
+    if limits["confine"] is not None or limits["read_anything"]:
+        confine = load_sibling("confine")
+    if limits["uid"] is not None and (limits["confine"] is not None or limits["read_anything"]):
         confine.become(limits["uid"], limits["read_anything"])
+    elif limits["uid"] is not None:
+        # In bubblewrap: it left only CAP_SETUID and CAP_SETGID, which go with uid 0; the
+        # bounding set stays, out of reach under no_new_privs (set with its seccomp filter).
+        os.setgroups([])
+        os.setgid(limits["uid"])
+        os.setuid(limits["uid"])
     os.chdir(os.environ.get("HOME", "."))  # the working directory, entered as the worker's own uid
     os.environ.pop("PWD", None)  # bubblewrap sets it; the worker's environment holds only what the host gave
     if os.path.isdir("/proc"):
