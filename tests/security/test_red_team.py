@@ -192,6 +192,15 @@ def pyodide_only(outcome: Outcome = BLOCKED) -> dict[str, Outcome]:
     return on(pyodide=outcome, subprocess=JS_ONLY, inprocess=JS_ONLY)
 
 
+#: A system call the seccomp filter refuses (bubblewrap and landlock); isolation none has none.
+SECCOMP_REFUSES = on(
+    pyodide=BLOCKED,
+    subprocess=BLOCKED,
+    unconfined=Skip("isolation none filters no system calls (README)"),
+    inprocess=Skip(f"{README_INPROCESS}: it would be the server's own"),
+)
+
+
 # --- the host's side of one attack ------------------------------------------------------------
 
 
@@ -1476,12 +1485,7 @@ ATTACKS: list[Attack] = [
             "a shared memory segment"
         """),
         failed,
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            unconfined=Skip("isolation none filters no system calls (README)"),
-            inprocess=Skip(f"{README_INPROCESS}: it would be the server's own"),
-        ),
+        SECCOMP_REFUSES,
     ),
     Attack(
         "watch_host_files",
@@ -1495,12 +1499,7 @@ ATTACKS: list[Attack] = [
             "watching"
         """),
         failed,
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            unconfined=Skip("isolation none filters no system calls (README)"),
-            inprocess=Skip(f"{README_INPROCESS}: it would be the server's own"),
-        ),
+        SECCOMP_REFUSES,
     ),
     Attack(
         "pyodide_learns_host_paths",
