@@ -658,6 +658,23 @@ for _ in range(40):  # a new worker takes a while to start on a busy machine
 list(js.rtSaid)
 """
 
+
+def untainted(name: str, taint: str, probe: str, *, pyodide: Outcome = BLOCKED) -> Attack:
+    """A taint check: `taint` runs in one session; `probe` must say False in another session and
+    in a session-less call (inprocess is one interpreter, so it is not tried there)."""
+    return Attack(
+        name,
+        taint,
+        not_seen_elsewhere(probe, "False", sessionless=True),
+        on(
+            pyodide=pyodide,
+            subprocess=BLOCKED,
+            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
+        ),
+        session="tainter",
+    )
+
+
 ATTACKS: list[Attack] = [
     # --- reaching JavaScript and Deno's file APIs (pyodide) ---
     Attack(
@@ -1239,189 +1256,88 @@ ATTACKS: list[Attack] = [
         session="tainter",
         cleanup="import sys, json\ndel json.rt_planted\ndel sys.modules['rt_fake']",
     ),
-    Attack(
+    untainted(
         "taint_random_state",
         "import random\nrandom.seed(1234)",
-        not_seen_elsewhere(
-            "import random\nrandom.random() == random.Random(1234).random()", "False", sessionless=True
-        ),
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import random\nrandom.random() == random.Random(1234).random()",
     ),
-    Attack(
+    untainted(
         "taint_sys_path",
         "import sys\nsys.path.insert(0, '/rt-planted')",
-        not_seen_elsewhere("import sys\n'/rt-planted' in sys.path", "False", sessionless=True),
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import sys\n'/rt-planted' in sys.path",
     ),
-    Attack(
+    untainted(
         "taint_os_environ",
         "import os\nos.environ['RT_PLANTED'] = '1'",
-        not_seen_elsewhere("import os\n'RT_PLANTED' in os.environ", "False", sessionless=True),
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import os\n'RT_PLANTED' in os.environ",
     ),
-    Attack(
+    untainted(
         "taint_recursion_limit",
         "import sys\nsys.setrecursionlimit(12345)",
-        not_seen_elsewhere("import sys\nsys.getrecursionlimit() == 12345", "False", sessionless=True),
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import sys\nsys.getrecursionlimit() == 12345",
     ),
-    Attack(
+    untainted(
         "taint_warnings_filters",
         "import warnings\nwarnings.filterwarnings('error', message='rt-planted')",
-        not_seen_elsewhere(
-            "import warnings\nany('rt-planted' in str(f[1]) for f in warnings.filters)",
-            "False",
-            sessionless=True,
-        ),
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import warnings\nany('rt-planted' in str(f[1]) for f in warnings.filters)",
     ),
-    Attack(
+    untainted(
         "taint_codecs_registry",
         "import codecs\n"
         "def rt_search(name):\n"
         "    return codecs.lookup('utf-8') if name == 'rt_planted' else None\n"
         "codecs.register(rt_search)",
-        not_seen_elsewhere(
-            "import codecs\n"
-            "try:\n"
-            "    codecs.lookup('rt_planted')\n"
-            "    found = True\n"
-            "except LookupError:\n"
-            "    found = False\n"
-            "found",
-            "False",
-            sessionless=True,
-        ),
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import codecs\n"
+        "try:\n"
+        "    codecs.lookup('rt_planted')\n"
+        "    found = True\n"
+        "except LookupError:\n"
+        "    found = False\n"
+        "found",
     ),
-    Attack(
+    untainted(
         "taint_atexit_handlers",
         "import atexit\natexit.register(print, 'rt-planted')",
-        not_seen_elsewhere(
-            "import atexit, contextlib, io\n"
-            "buffer = io.StringIO()\n"
-            "with contextlib.redirect_stdout(buffer):\n"
-            "    atexit._run_exitfuncs()\n"
-            "'rt-planted' in buffer.getvalue()",
-            "False",
-            sessionless=True,
-        ),
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import atexit, contextlib, io\n"
+        "buffer = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buffer):\n"
+        "    atexit._run_exitfuncs()\n"
+        "'rt-planted' in buffer.getvalue()",
     ),
-    Attack(
+    untainted(
         "taint_stdlib_class_attribute",
         "import fractions\nfractions.Fraction.rt_planted = 'TAINT'",
-        not_seen_elsewhere(
-            "import fractions\nhasattr(fractions.Fraction, 'rt_planted')", "False", sessionless=True
-        ),
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import fractions\nhasattr(fractions.Fraction, 'rt_planted')",
     ),
-    Attack(
+    untainted(
         "taint_abc_registration",
         "import collections.abc\ncollections.abc.Sequence.register(int)",
-        not_seen_elsewhere(
-            "import collections.abc\nissubclass(int, collections.abc.Sequence)", "False", sessionless=True
-        ),
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import collections.abc\nissubclass(int, collections.abc.Sequence)",
     ),
-    Attack(
+    untainted(
         "taint_thread_left_running",
         "import threading, time\n"
         "threading.Thread(target=time.sleep, args=(30,), name='rt-planted', daemon=True).start()",
-        not_seen_elsewhere(
-            "import threading\nany(thread.name == 'rt-planted' for thread in threading.enumerate())",
-            "False",
-            sessionless=True,
-        ),
-        on(
-            pyodide=Skip("Pyodide has no threads"),
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import threading\nany(thread.name == 'rt-planted' for thread in threading.enumerate())",
+        pyodide=Skip("Pyodide has no threads"),
     ),
-    Attack(
+    untainted(
         "taint_asyncio_task_left_running",
         "import asyncio\n"
         "async def rt_planted():\n"
         "    await asyncio.sleep(30)\n"
         "rt_task = asyncio.ensure_future(rt_planted())\n"
         "await asyncio.sleep(0)",
-        not_seen_elsewhere(
-            "import asyncio\n"
-            "await asyncio.sleep(0)\n"
-            "any('rt_planted' in repr(task) for task in asyncio.all_tasks())",
-            "False",
-            sessionless=True,
-        ),
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import asyncio\n"
+        "await asyncio.sleep(0)\n"
+        "any('rt_planted' in repr(task) for task in asyncio.all_tasks())",
     ),
-    Attack(
+    untainted(
         "taint_file_left_open",
         "rt_file = open('rt-planted.txt', 'w')\nrt_file.write('TAINT')",
-        not_seen_elsewhere(
-            "import gc, io\n"
-            "files = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]\n"
-            "any('rt-planted' in str(getattr(o, 'name', '')) for o in files)",
-            "False",
-            sessionless=True,
-        ),
-        on(
-            pyodide=BLOCKED,
-            subprocess=BLOCKED,
-            inprocess=Skip(f"{README_INPROCESS}: one interpreter; it would taint the server itself"),
-        ),
-        session="tainter",
+        "import gc, io\n"
+        "files = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]\n"
+        "any('rt-planted' in str(getattr(o, 'name', '')) for o in files)",
     ),
     Attack(
         "taint_tmp_file",
