@@ -52,7 +52,6 @@ from mcp_sandbox.result import read_output_file
 from mcp_sandbox.settings import Settings
 
 WORKER = Path(__file__).resolve().with_name("worker.py")
-CONFINE = Path(__file__).resolve().with_name("confine.py")
 #: No host variable reaches the worker; single-threaded maths keeps it inside RLIMIT_AS.
 WORKER_ENV = {"LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
@@ -171,16 +170,16 @@ class SubprocessBackend(Backend):
         iso, settings = self.isolation, self._settings
         init_fields: dict[str, str] = {}
         limits = self._process_limits(uid, iso.tier)
-        info_read = seccomp_read = -1
+        info_read = -1
         pass_fds: list[int] = []
         if iso.tier == "bubblewrap":
-            (workdir / "output").mkdir()
+            prepare_workspace(workdir, None)  # data/ is bound read-only instead of linked
             seccomp_read, seccomp_write = os.pipe()
             os.write(seccomp_write, iso.seccomp or b"")
             os.close(seccomp_write)
             info_read, info_write = os.pipe()
             pass_fds = [seccomp_read, info_write]
-            command = [*self._bwrap_args(workdir, uid, seccomp_read, info_write)]
+            command = self._bwrap_args(workdir, uid, seccomp_read, info_write)
             command += [sys.executable, "-I", f"{SANDBOX_RUNTIME}/worker.py", json.dumps(limits)]
             cwd, env = "/", {}
             if settings.data_dir is not None:
@@ -209,8 +208,6 @@ class SubprocessBackend(Backend):
             if info_read >= 0:
                 executor.signal_pid = _sandbox_worker_pid(info_read) or executor.pid
                 os.close(info_read)
-            if seccomp_read >= 0 and iso.tier != "bubblewrap":
-                os.close(seccomp_read)
         return executor
 
     def _bwrap_args(self, workdir: Path, uid: int | None, seccomp_fd: int, info_fd: int) -> list[str]:
@@ -244,8 +241,7 @@ class SubprocessBackend(Backend):
             parents(path)
             args += ["--ro-bind", path, path]
             made.add(path)
-        for name in ("worker.py",):
-            args += ["--ro-bind", str(WORKER.with_name(name)), f"{SANDBOX_RUNTIME}/{name}"]
+        args += ["--ro-bind", str(WORKER), f"{SANDBOX_RUNTIME}/worker.py"]
         args += ["--bind", str(workdir), SANDBOX_HOME]
         if self._settings.data_dir is not None:
             # The folder itself, never a link to it, and read-only.

@@ -62,12 +62,14 @@ DENIED_SYSCALLS = (
     "fsmount", "move_mount", "open_tree", "fspick", "mount_setattr", "quotactl", "acct",
     "settimeofday", "clock_settime", "iopl", "ioperm", "io_uring_setup", "io_uring_enter",
     "io_uring_register",
-)  # fmt: skip
-#: Denied too: SysV IPC (outside bubblewrap it is the host's, and outlives the worker), and
-#: watching files (Landlock does not cover inotify and fanotify).
-IPC_AND_WATCH_SYSCALLS = (
-    "shmget", "shmat", "msgget", "semget", "inotify_init", "inotify_init1", "inotify_add_watch",
-    "fanotify_init", "fanotify_mark", "setsid", "setpgid", "pidfd_getfd", "process_madvise", "kcmp",
+    # SysV IPC: outside bubblewrap it is the host's, and outlives the worker.
+    "shmget", "shmat", "msgget", "semget",
+    # Watching files: Landlock does not cover inotify and fanotify.
+    "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+    # Leaving the worker's process group, which is killed with it.
+    "setsid", "setpgid",
+    # Reaching into another process.
+    "pidfd_getfd", "process_madvise", "kcmp",
 )  # fmt: skip
 #: Calls that act on another process when this argument is not 0.
 OTHER_PROCESS_SYSCALLS = {
@@ -87,7 +89,7 @@ def build_seccomp() -> bytes:
     denied = sc.ERRNO(errno.EPERM)
     rules = sc.SyscallFilter(sc.ALLOW)
     rules.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)  # i386 and x32 calls would dodge the rules
-    for name in DENIED_SYSCALLS + IPC_AND_WATCH_SYSCALLS:
+    for name in DENIED_SYSCALLS:
         if sc.resolve_syscall(sc.Arch.NATIVE, name) >= 0:
             rules.add_rule(denied, name)
     rules.add_rule(denied, "personality", sc.Arg(0, sc.NE, 0xFFFFFFFF))  # querying it stays allowed

@@ -59,9 +59,9 @@ def apply_limits(limits: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_mb"] * mb,) * 2)
     # ctypes costs milliseconds at every start: only Landlock and a capability kept need it.
-    if limits["confine"] is not None or limits["read_anything"]:
-        confine = load_sibling("confine")
-    if limits["uid"] is not None and (limits["confine"] is not None or limits["read_anything"]):
+    needs_ctypes = limits["confine"] is not None or limits["read_anything"]
+    confine = load_sibling("confine") if needs_ctypes else None
+    if limits["uid"] is not None and confine is not None:
         confine.become(limits["uid"], limits["read_anything"])
     elif limits["uid"] is not None:
         # In bubblewrap: it left only CAP_SETUID and CAP_SETGID, which go with uid 0; the
@@ -74,7 +74,7 @@ def apply_limits(limits: dict[str, Any]) -> None:
     if os.path.isdir("/proc"):
         # A margin over what this uid already runs: enough for threads, not for a fork bomb.
         resource.setrlimit(resource.RLIMIT_NPROC, (processes_of_this_user() + limits["processes"],) * 2)
-    if limits["confine"] is not None:
+    if limits["confine"] is not None and confine is not None:
         rules = limits["confine"]
         confine.apply_landlock(rules["read_only"], [*rules["read_write"], os.getcwd()])
         confine.install_seccomp(base64.b64decode(rules["seccomp"]))
