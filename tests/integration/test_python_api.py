@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -73,3 +74,17 @@ async def test_every_adapter_refuses_bad_input_with_the_same_error(
                 [*command, "--max-code-chars", "10", "-"], input=arguments["code"].encode(), check=False
             )
         assert (done.returncode, done.stderr.decode()) == (2, f"mcp-sandbox: {raised.value}\n")
+
+
+async def test_an_interrupt_that_arrives_before_the_run_starts_still_stops_it(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    """A run can start only after its deadline passed (here behind a large data/ refresh); the
+    interrupt sent at the deadline must still stop it, keeping the session, not kill the sandbox."""
+    async with Sandbox(backend="pyodide", pool_size=0, data_dir=tmp_path, interrupt_grace=5) as sandbox:
+        assert (await sandbox.run("kept = 7", session_id="s")).success
+        (tmp_path / "big.bin").write_bytes(bytes(64 * 1024 * 1024))
+        slow = await sandbox.run("while True: pass", session_id="s", timeout=0.01)
+        assert slow.error_type == "Timeout"
+        assert "was interrupted" in (slow.error or ""), slow.error
+        assert (await sandbox.run("kept", session_id="s")).result == "7"

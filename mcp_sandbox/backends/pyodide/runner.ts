@@ -190,6 +190,9 @@ function handle(message: HostMessage): void {
       break;
     case "run":
       runningId = message.id;
+      // Cleared here, in order with `interrupt`: the worker may start the run only after its
+      // interrupt has arrived (behind a data sync or a warm-up round), and must still see it.
+      Atomics.store(interruptBuffer, 0, 0);
       if (worker) sendData(worker, init?.data_dir);
       toWorker(message);
       break;

@@ -302,7 +302,6 @@ async function init(message: WorkerInit): Promise<void> {
 
 async function run(message: RunMessage): Promise<void> {
   const id = message.id;
-  interruptBuffer[0] = 0;
   currentId = id;
   let outcome: unknown;
   let problems: string[] = [];
@@ -346,11 +345,15 @@ function warmUpStep(): void {
     setTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS - Math.min(quiet, JIT_WARM_UP_IDLE_MS) + 1);
     return;
   }
+  // Detached: an interrupt that arrives now is for the run queued behind this round.
+  pyodide.setInterruptBuffer(undefined as unknown as Uint8Array);
   try {
     jitWarmUp(1);
     warmUpLeft -= 1;
   } catch {
     warmUpLeft = 0; // a sandbox whose warm-up fails still serves calls, only slower
+  } finally {
+    pyodide.setInterruptBuffer(interruptBuffer);
   }
   setTimeout(warmUpStep, 0);
 }
