@@ -139,6 +139,7 @@ class App:
             size=self.settings.pool_size,
             task_group=task_group,
             acquire_timeout=self.settings.acquire_timeout,
+            recycle=self.settings.recycle and self._backend.recycles,
         )
         self._pool.fill()
         sessions.attach(self._pool)

@@ -36,6 +36,11 @@ class ReadyPool:
     When more callers wait than there are ready sandboxes, more are started (at most
     `max_starting` at once, since each start is CPU-bound), and each new one goes to the
     longest waiter. A caller waits at most `acquire_timeout` seconds.
+
+    A caller done with a sandbox gives it back (`release`): with `recycle`, it is reset in place
+    in the background and is ready again in milliseconds; otherwise, or when it cannot be
+    reset, it is closed. A sandbox lent for one call (`acquire(lend=True)`) is expected back, so
+    taking it starts no replacement.
     """
 
     def __init__(
@@ -45,6 +50,7 @@ class ReadyPool:
         size: int,
         task_group: anyio.abc.TaskGroup,
         acquire_timeout: float,
+        recycle: bool = False,
         max_starting: int = 2,
     ) -> None:
         self._start = start
@@ -54,6 +60,9 @@ class ReadyPool:
         self._ready: deque[Executor] = deque()
         self._waiters: deque[_Waiter] = deque()
         self._starting = 0
+        self._recycle = recycle
+        #: Lent out for one call, or being reset: each will most likely be ready again soon.
+        self._coming_back = 0
         self._start_slots = anyio.Semaphore(max_starting)
         self._backoff = Backoff()
         self._closed = False
@@ -62,19 +71,67 @@ class ReadyPool:
         """Start as many sandboxes as it takes to have `size` ready plus one per waiter."""
         if self._closed:
             return
-        wanted = self._size + len(self._waiters) - len(self._ready) - self._starting
+        wanted = self._size + len(self._waiters) - len(self._ready) - self._starting - self._coming_back
         for _ in range(max(0, wanted)):
             self._starting += 1
             self._task_group.start_soon(self._start_one)
 
-    async def acquire(self) -> Executor:
-        """A ready executor, now or as soon as one starts. Raises PoolUnavailable."""
+    async def acquire(self, *, lend: bool = False) -> Executor:
+        """A ready executor, now or as soon as one starts. Raises PoolUnavailable. `lend`: the
+        caller gives it back with `release` after one call."""
         if self._closed:
             raise PoolUnavailable("the server is shutting down")
+        executor = await self._acquire()
+        if lend and self._recycle:
+            self._coming_back += 1
+        self.fill()
+        return executor
+
+    async def release(self, executor: Executor, *, lent: bool = False) -> None:
+        """Take back a sandbox its caller is done with (`lent`: one from `acquire(lend=True)`):
+        closed before this returns, or recycled in the background."""
+        if lent and self._recycle:
+            self._coming_back -= 1
+        if not self._recycle or self._closed or not executor.alive:
+            await self._discard(executor)
+            return
+        self._coming_back += 1
+        self._task_group.start_soon(self._recycle_one, executor)
+
+    async def _discard(self, executor: Executor) -> None:
+        await executor.close()
+        self.fill()
+
+    async def _recycle_one(self, executor: Executor) -> None:
+        try:
+            why_not = await executor.recycle()
+        except Exception as error:  # noqa: BLE001 - a sandbox that fails to reset is replaced, never fatal
+            why_not = f"its reset failed: {error!r}"
+        finally:
+            self._coming_back -= 1
+        if why_not is not None:
+            logger.info("a used %s sandbox was replaced, not recycled: %s", executor.backend, why_not)
+            await self._discard(executor)
+            return
+        if self._closed:
+            await executor.close()
+        elif self._waiters:
+            self._hand_over(executor)
+        else:
+            # First in line: its V8 has compiled Pyodide's hot code, a new one's has not.
+            self._ready.appendleft(executor)
+            while len(self._ready) > self._size:
+                await self._ready.pop().close()
+
+    def _hand_over(self, executor: Executor) -> None:
+        waiter = self._waiters.popleft()
+        waiter.executor = executor
+        waiter.ready.set()
+
+    async def _acquire(self) -> Executor:
         while self._ready:
             executor = self._ready.popleft()
             if executor.alive:
-                self.fill()
                 return executor
             await executor.close()
         waiter = _Waiter()
@@ -116,9 +173,7 @@ class ReadyPool:
             await executor.close()
             return
         if self._waiters:
-            waiter = self._waiters.popleft()
-            waiter.executor = executor
-            waiter.ready.set()
+            self._hand_over(executor)
         else:
             self._ready.append(executor)
 

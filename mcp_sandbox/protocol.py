@@ -231,7 +231,17 @@ class ToolResultMessage(TypedDict):
     reply: str
 
 
-HostMessage = InitMessage | RunMessage | InterruptMessage | JitWarmUpMessage | ToolResultMessage
+class RecycleMessage(TypedDict):
+    """(Pyodide) Put the sandbox back into its clean state in place, between runs, so it can serve
+    another caller; answered by ``recycled`` with the same ``id``."""
+
+    type: Literal["recycle"]
+    id: int
+
+
+HostMessage = (
+    InitMessage | RunMessage | InterruptMessage | JitWarmUpMessage | ToolResultMessage | RecycleMessage
+)
 
 # --- Runner -> host ---
 
@@ -284,8 +294,25 @@ class ToolCallMessage(TypedDict):
     arguments: str
 
 
+class RecycledMessage(TypedDict):
+    """The answer to recycle ``id``: ``clean``, or why the sandbox cannot be recycled (``reason``;
+    the host then replaces it). ``ms``: what the reset took."""
+
+    type: Literal["recycled"]
+    id: int
+    clean: bool
+    reason: str | None
+    ms: float
+
+
 RunnerMessage = (
-    ReadyMessage | ResultMessage | CrashedMessage | FatalMessage | ProgressMessage | ToolCallMessage
+    ReadyMessage
+    | ResultMessage
+    | CrashedMessage
+    | FatalMessage
+    | ProgressMessage
+    | ToolCallMessage
+    | RecycledMessage
 )
 
 
@@ -372,7 +399,28 @@ class WorkerData(TypedDict):
     removed: list[str]
 
 
-WorkerMessage = WorkerInit | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage
+class WorkerRecycle(TypedDict):
+    """Recycle ``id``: the worker answers with a WorkerPost carrying the same ``nonce``, which
+    sandboxed code never sees, so it cannot forge the answer."""
+
+    type: Literal["recycle"]
+    id: int
+    nonce: str
+
+
+class WorkerRecycled(TypedDict):
+    """The worker's answer (the ``json`` of its WorkerPost): ``dataLost``: a program changed
+    data/, which the worker emptied, so the main thread sends all of it again."""
+
+    type: Literal["recycled"]
+    id: int
+    clean: bool
+    reason: str | None
+    ms: float
+    dataLost: bool
+
+
+WorkerMessage = WorkerInit | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage | WorkerRecycle
 
 
 class WorkerPost(TypedDict):
@@ -384,6 +432,7 @@ class WorkerPost(TypedDict):
     json: str
     exiting: bool
     syncCall: NotRequired[int]
+    nonce: NotRequired[str]
 
 
 #: Runner messages a worker may post between results; anything else without a run id is dropped.

@@ -63,9 +63,10 @@ class Session:
 class SessionPool:
     """Runs code in sessions. Owns every executor that is handed out of the ready pool.
 
-    A call without a session id gets a fresh sandbox from the ready pool, which is discarded
-    afterwards, so nothing it did can reach a later call. A session keeps its sandbox; calls in
-    one session run one at a time, calls in different sessions run side by side.
+    A call without a session id gets a clean sandbox from the ready pool and gives it back
+    afterwards, to be recycled (reset in place) or closed, so nothing it did can reach a later
+    call. A session keeps its sandbox; calls in one session run one at a time, calls in
+    different sessions run side by side. An ended session's sandbox goes back the same way.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -74,6 +75,7 @@ class SessionPool:
         self._sessions: dict[str, Session] = {}
         #: Where each running executor's output lines go (its call's progress relay).
         self._relays: dict[Executor, ProgressRelay] = {}
+        self._closing = False
 
     def attach(self, pool: ReadyPool) -> None:
         """The pool sandboxes come from (made after the backend, which takes `on_progress`)."""
@@ -85,9 +87,10 @@ class SessionPool:
         if relay is not None:
             relay.push(line)
 
-    async def _acquire(self) -> Executor:
+    @property
+    def _ready_pool(self) -> ReadyPool:
         assert self._pool is not None, "attach a pool first"
-        return await self._pool.acquire()
+        return self._pool
 
     async def run(
         self,
@@ -98,11 +101,11 @@ class SessionPool:
         progress: ProgressReport | None = None,
     ) -> ExecutionResult:
         if session_id is None:
-            executor = await self._acquire()
+            executor = await self._ready_pool.acquire(lend=True)
             try:
                 return await self._run_in(executor, code, timeout, progress)
             finally:
-                await executor.close()
+                await self._ready_pool.release(executor, lent=True)
         session = self._sessions.get(session_id)
         if session is None:
             if len(self._sessions) >= self._settings.max_sessions:
@@ -117,7 +120,7 @@ class SessionPool:
                 if session.executor is None or not session.executor.alive:
                     if session.executor is not None:
                         await session.executor.close()
-                    session.executor = await self._acquire()
+                    session.executor = await self._ready_pool.acquire()
                 result = await self._run_in(session.executor, code, timeout, progress)
                 if result.session_lost:
                     await session.executor.close()
@@ -129,7 +132,8 @@ class SessionPool:
                 session.last_used = time.monotonic()
                 if self._sessions.get(session_id) is not session and session.executor is not None:
                     # Reset while this call waited or ran: the sandbox belongs to nobody now.
-                    await session.executor.close()
+                    await self._ready_pool.release(session.executor)
+                    session.executor = None
 
     async def _run_in(
         self, executor: Executor, code: str, timeout: float, progress: ProgressReport | None
@@ -152,8 +156,12 @@ class SessionPool:
         if session is None:
             return False
         if session.executor is not None:
-            # A running call in it ends as a SandboxCrash; that is what resetting means.
-            await session.executor.close()
+            if session.lock.locked() or self._closing:
+                # A running call in it ends as a SandboxCrash; that is what resetting means.
+                await session.executor.close()
+            else:
+                await self._ready_pool.release(session.executor)
+                session.executor = None
         return True
 
     async def expire_idle(self) -> None:
@@ -169,5 +177,6 @@ class SessionPool:
                     await self.reset(session.session_id)
 
     async def close(self) -> None:
+        self._closing = True
         for session_id in list(self._sessions):
             await self.reset(session_id)

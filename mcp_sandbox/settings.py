@@ -63,6 +63,13 @@ class Settings(BaseSettings):
         pattern=r"^[A-Za-z0-9.\-:\[\]]+(,[A-Za-z0-9.\-:\[\]]+)*$",
         description="pyodide: hosts (host or host:port, comma-separated) code may reach; unset: none.",
     )
+    recycle: bool = Field(
+        True,
+        description="pyodide: put a sandbox a caller is done with (a call without a session, an ended "
+        "session) back into its clean state in place, in milliseconds, and reuse it; false: every such "
+        "caller gets a new process (about 0.4 s of a core each). docs/clean-sandbox.md says what is reset "
+        "and what is checked.",
+    )
     pyodide_warm_up_rounds: int = Field(
         100,
         ge=0,

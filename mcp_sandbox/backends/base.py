@@ -177,6 +177,11 @@ class Executor(ABC):
     async def close(self) -> None:
         """Stop the sandbox and free everything it holds. Safe to call twice."""
 
+    async def recycle(self) -> str | None:
+        """Put the sandbox back into its clean state in place, between runs, so another caller can
+        use it: None when done, else why it cannot be (the caller then closes it)."""
+        return f"{self.backend} sandboxes are not recycled"
+
     async def jit_warm_up(self) -> None:  # noqa: B027 - optional: only a JIT-compiled runtime needs it
         """Use idle time to make the next calls faster; returns at once. Called for sandboxes
         that serve a session, which will run more programs."""
@@ -278,6 +283,9 @@ class Backend(ABC):
     """Makes ready-to-use executors of one kind, all with the same limits and hooks."""
 
     name: ClassVar[str]
+
+    #: Whether its executors can be reset in place (`Executor.recycle`) and reused.
+    recycles: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, hooks: ExecutorHooks) -> None:
         self._settings = settings

@@ -29,7 +29,15 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_contains_the_runner(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("runner.ts", "worker.ts", "protocol.ts", "options.ts", "snapshot.ts", "deno.json"):
+    for name in (
+        "runner.ts",
+        "worker.ts",
+        "recycle.ts",
+        "protocol.ts",
+        "options.ts",
+        "snapshot.ts",
+        "deno.json",
+    ):
         assert f"mcp_sandbox/backends/pyodide/{name}" in names
     assert "mcp_sandbox/backends/guest.py" in names and "mcp_sandbox/protocol.py" in names
 

@@ -533,25 +533,31 @@ def outside_output_absent(name: str) -> Check:
     return check
 
 
-def not_seen_elsewhere(
-    probe: str, clean: str, *, sessionless: bool = False, refusal_blocks: bool = False
-) -> Check:
-    """`probe` run in another session (and, if asked, without a session) must give `clean`.
-    `refusal_blocks`: a PermissionError in the tainting call means the taint was refused."""
+@dataclass(frozen=True)
+class NotSeenElsewhere:
+    """`probe` run in another session (and, with `sessionless`, without a session) must give
+    `clean`. `refusal_blocks`: a PermissionError in the tainting call means the taint was refused.
+    A class, not a closure, so tests/security/test_recycling.py reuses each taint's probe."""
 
-    async def check(host: Host, reply: Reply) -> str | None:
-        if refusal_blocks and reply.get("error_type") == "PermissionError":
+    probe: str
+    clean: str
+    sessionless: bool = False
+    refusal_blocks: bool = False
+
+    async def __call__(self, host: Host, reply: Reply) -> str | None:
+        if self.refusal_blocks and reply.get("error_type") == "PermissionError":
             return None
         if reply.get("success") is not True:
             pytest.fail(f"the tainting call itself failed, so it proves nothing: {reply.summary()}")
-        places: list[str | None] = ["observer"] + ([None] if sessionless else [])
+        places: list[str | None] = ["observer"] + ([None] if self.sessionless else [])
         for session in places:
-            seen = await send(host.client, host.render(probe), session)
-            if seen.get("result") != clean:
+            seen = await send(host.client, host.render(self.probe), session)
+            if seen.get("result") != self.clean:
                 return f"session {session or '(none)'} saw the taint: {seen.summary()}"
         return None
 
-    return check
+
+not_seen_elsewhere = NotSeenElsewhere
 
 
 def gone_after_reset(probe: str, clean: str) -> Check:
@@ -1777,7 +1783,8 @@ ATTACKS: list[Attack] = [
         "disarm_interrupt_buffer",
         "import js, pyodide_js\npyodide_js.setInterruptBuffer(js.Uint8Array.new(1))\nwhile True:\n    pass",
         canary_intact,
-        pyodide_only(TIMEOUT),
+        # pyodide_js offers only what Pyodide's own modules use: setInterruptBuffer is not there.
+        pyodide_only(contained("Timeout", "AttributeError")),
         session="crash",
         timeout=1,
     ),

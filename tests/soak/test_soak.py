@@ -25,6 +25,8 @@ SESSIONS = 12
 #: Calls per backend, and the wall-clock bound on them.
 CALLS = {"pyodide": 1200, "subprocess": 1500}
 TIME_LIMIT = 110.0
+#: The share of calls made without a session: each gets a clean sandbox (on pyodide, recycled).
+SESSIONLESS_SHARE = 0.25
 #: How much the server's resident memory may grow between the warm-up and the end.
 MEMORY_GROWTH_LIMIT = 80 * 1024 * 1024
 
@@ -88,20 +90,21 @@ async def test_soak(backend: str) -> None:
 
         async def one_call() -> None:
             roll = rng.random()
-            session = f"s{rng.randrange(SESSIONS)}"
+            sessionless = rng.random() < SESSIONLESS_SHARE
+            session: dict[str, str] = {} if sessionless else {"session_id": f"s{rng.randrange(SESSIONS)}"}
             if roll < 0.88:
-                code, kind, arguments = rng.choice(QUICK), "quick", {"session_id": session}
+                code, kind, arguments = rng.choice(QUICK), "quick", session
             elif roll < 0.96:
                 kind = rng.choice(["timeout", "error", "flood", "error"])
-                code, arguments = FAULTS[kind][backend], {"session_id": session, "timeout": 0.5}
+                code, arguments = FAULTS[kind][backend], {**session, "timeout": 0.5}
             elif roll < 0.985:
                 kind = rng.choice(["crash", "memory"])
-                code, arguments = FAULTS[kind][backend], {"session_id": session, "timeout": 10}
+                code, arguments = FAULTS[kind][backend], {**session, "timeout": 10}
             elif roll < 0.993:
                 outcomes["killed" if kill_one_sandbox(server) else "kill-missed"] += 1
                 return
             else:
-                await client.call_tool("reset_session", {"session_id": session})
+                await client.call_tool("reset_session", {"session_id": f"s{rng.randrange(SESSIONS)}"})
                 outcomes["reset"] += 1
                 return
             response = await client.call_tool("execute_python", {"code": code, **arguments})
@@ -111,6 +114,7 @@ async def test_soak(backend: str) -> None:
                 unanswered.append(f"{kind}: {text[:200]}")
                 return
             outcomes[f"{kind}:{result['error_type'] or 'ok'}"] += 1
+            outcomes["sessionless"] += sessionless
 
         async def worker() -> None:
             nonlocal remaining
@@ -130,7 +134,7 @@ async def test_soak(backend: str) -> None:
     print(f"{backend}: {done} calls, {dict(sorted(outcomes.items()))}, server memory {grown / 2**20:+.1f} MB")
     assert not unanswered, unanswered[:5]
     assert done >= 500, f"only {done} calls in {TIME_LIMIT:g} s"
-    assert outcomes["quick:ok"] > 0 and outcomes["timeout:Timeout"] > 0
+    assert outcomes["quick:ok"] > 0 and outcomes["timeout:Timeout"] > 0 and outcomes["sessionless"] > 0
     assert grown < MEMORY_GROWTH_LIMIT, f"server memory grew by {grown / 2**20:.0f} MB"
     with anyio.fail_after(20):
         while still_running(tree):

@@ -58,6 +58,7 @@ def find_deno(settings: Settings) -> Path | None:
 
 class PyodideBackend(Backend):
     name: ClassVar[str] = "pyodide"
+    recycles: ClassVar[bool] = True
 
     def __init__(
         self, settings: Settings, hooks: ExecutorHooks, task_group: anyio.abc.TaskGroup, deno: Path
@@ -218,6 +219,7 @@ class PyodideBackend(Backend):
 
 class PyodideExecutor(ProcessExecutor):
     backend: ClassVar[str] = "pyodide"
+    recyclable: ClassVar[bool] = True
     #: Rounds of the guest's JIT warm-up program to run when idle (0: none); set by the backend.
     jit_warm_up_rounds = 0
     _jit_warm_up_sent = False

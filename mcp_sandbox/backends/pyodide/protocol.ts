@@ -82,12 +82,18 @@ export type ToolResultMessage = {
   reply: string;
 };
 
+export type RecycleMessage = {
+  type: "recycle";
+  id: number;
+};
+
 export type HostMessage =
   | InitMessage
   | RunMessage
   | InterruptMessage
   | JitWarmUpMessage
-  | ToolResultMessage;
+  | ToolResultMessage
+  | RecycleMessage;
 
 export type ReadyMessage = {
   type: "ready";
@@ -126,13 +132,22 @@ export type ToolCallMessage = {
   arguments: string;
 };
 
+export type RecycledMessage = {
+  type: "recycled";
+  id: number;
+  clean: boolean;
+  reason: string | null;
+  ms: number;
+};
+
 export type RunnerMessage =
   | ReadyMessage
   | ResultMessage
   | CrashedMessage
   | FatalMessage
   | ProgressMessage
-  | ToolCallMessage;
+  | ToolCallMessage
+  | RecycledMessage;
 
 export type WorkerInit = {
   type: "init";
@@ -156,16 +171,33 @@ export type WorkerData = {
   removed: string[];
 };
 
+export type WorkerRecycle = {
+  type: "recycle";
+  id: number;
+  nonce: string;
+};
+
+export type WorkerRecycled = {
+  type: "recycled";
+  id: number;
+  clean: boolean;
+  reason: string | null;
+  ms: number;
+  dataLost: boolean;
+};
+
 export type WorkerMessage =
   | WorkerInit
   | WorkerData
   | RunMessage
   | JitWarmUpMessage
-  | ToolResultMessage;
+  | ToolResultMessage
+  | WorkerRecycle;
 
 export type WorkerPost = {
   id: number | null;
   json: string;
   exiting: boolean;
   syncCall?: number;
+  nonce?: string;
 };

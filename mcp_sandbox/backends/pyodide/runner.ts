@@ -22,6 +22,8 @@ import {
   type WorkerInit,
   type WorkerMessage,
   type WorkerPost,
+  type WorkerRecycle,
+  type WorkerRecycled,
 } from "./protocol.ts";
 
 const PASSING = new Set<string>(PASSING_KINDS);
@@ -37,6 +39,8 @@ const interruptBuffer = new Uint8Array(new SharedArrayBuffer(1));
 const syncState = new Int32Array(new SharedArrayBuffer(8));
 const syncData = new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
 let pendingSyncCall: number | null = null;
+// The recycle in progress: only the worker's answer carrying this nonce counts (see recycle.ts).
+let recycleNonce: string | null = null;
 
 function wakeWorker(state: number): void {
   pendingSyncCall = null;
@@ -133,7 +137,14 @@ function startWorker(message: InitMessage): Worker {
     deno: { permissions },
   } as WorkerOptions);
   started.onmessage = (event: MessageEvent<WorkerPost>) => {
-    const { id, json, exiting, syncCall } = event.data;
+    const { id, json, exiting, syncCall, nonce } = event.data;
+    if (nonce !== undefined && nonce === recycleNonce) {
+      recycleNonce = null;
+      const { dataLost, ...answer } = JSON.parse(json) as WorkerRecycled;
+      if (dataLost) sentData.clear(); // the worker emptied data/: the next run sends all of it
+      sendMessage(answer);
+      return;
+    }
     if (id === null) {
       // Sandboxed code can post too: between results only these kinds pass, never a result.
       let kind: unknown;
@@ -199,6 +210,15 @@ function handle(message: HostMessage): void {
     case "jit_warm_up":
       toWorker(message);
       break;
+    case "recycle": {
+      runningId = null;
+      pendingSyncCall = null;
+      Atomics.store(interruptBuffer, 0, 0);
+      recycleNonce = crypto.randomUUID();
+      const recycle: WorkerRecycle = { type: "recycle", id: message.id, nonce: recycleNonce };
+      toWorker(recycle);
+      break;
+    }
     case "interrupt":
       // Only the run the host means: a late interrupt must not hit the next program.
       if (runningId === message.id) {

@@ -4,6 +4,7 @@
 // constants come from protocol.ts; the exact Pyodide version is pinned once, in deno.json.
 import { loadPyodide, type PyodideInterface } from "pyodide";
 import { HOME, PYODIDE_OPTIONS } from "./options.ts";
+import { CleanState, guardRealm, hostSetTimeout, taint } from "./recycle.ts";
 import {
   DATA_DIR,
   GUEST_RUNTIME_MODULE,
@@ -22,6 +23,8 @@ import {
   type WorkerInit,
   type WorkerMessage,
   type WorkerPost,
+  type WorkerRecycle,
+  type WorkerRecycled,
 } from "./protocol.ts";
 
 type PyCallable = ((...args: unknown[]) => unknown) & { destroy?: () => void };
@@ -36,6 +39,7 @@ let jitWarmUp: PyCallable;
 let channel: PyChannel;
 let interruptBuffer: Uint8Array;
 let currentId: number | null = null;
+let clean: CleanState | null = null;
 const postToMain = self.postMessage.bind(self);
 
 function post(id: number | null, json: string, exiting = false, syncCall?: number): void {
@@ -87,6 +91,10 @@ function announceExit(target: object, name: string): void {
 }
 announceExit(Deno, "exit");
 announceExit(self, "close");
+// Before Pyodide loads: what could leave work behind for a later call is wrapped (recycle.ts).
+const readDirSync = Deno.readDirSync;
+const readFileSync = Deno.readFileSync;
+guardRealm(["execPath"]);
 
 // Sandboxed code learns no host path. Each path this worker knows has a neutral name, which is
 // all that error texts, stack traces and Pyodide's own settings show.
@@ -177,6 +185,7 @@ function applyData({ files, removed }: WorkerData): void {
   } finally {
     setFolderModes(GUEST_DATA, 0o555);
   }
+  clean?.dataApplied();
 }
 
 // Packages: imports of Pyodide's own packages (numpy, pandas, ...) and of wheels placed in the
@@ -192,7 +201,7 @@ function normalize(name: string): string {
 
 function wheelsInFolder(): Map<string, string> {
   const wheels = new Map<string, string>();
-  for (const entry of Deno.readDirSync(packagesDir!)) {
+  for (const entry of readDirSync(packagesDir!)) {
     if (entry.isFile && entry.name.endsWith(".whl")) {
       wheels.set(normalize(entry.name.split("-")[0]), `${packagesDir}/${entry.name}`);
     }
@@ -246,7 +255,7 @@ load_module
 async function init(message: WorkerInit): Promise<void> {
   const started = performance.now();
   const { packagesDir: packages, snapshot } = message;
-  const snapshotBytes = snapshot ? Deno.readFileSync(snapshot) : undefined;
+  const snapshotBytes = snapshot ? readFileSync(snapshot) : undefined;
   pyodide = await loadPyodide({
     ...PYODIDE_OPTIONS,
     ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
@@ -292,6 +301,9 @@ async function init(message: WorkerInit): Promise<void> {
     [new URL(".", import.meta.url).pathname, "/runner"],
     [Deno.execPath(), "deno"],
   ]);
+  const facade = limitPyodideModule();
+  reportReachingPast();
+  clean = new CleanState(pyodide, GUEST_DATA, [facade]);
   postRunnerMessage(null, {
     type: "ready",
     python: sys.version.split(" ")[0],
@@ -329,6 +341,61 @@ async function run(message: RunMessage): Promise<void> {
   post(id, `{"type":"result","id":${id},"outcome":${outcome as string}}`);
 }
 
+// `import pyodide_js` gives only what Pyodide's own Python modules use, not the whole API: the
+// runtime's internals (the memory, the file system) stay out of programs' reach.
+function limitPyodideModule(): object {
+  const api = (pyodide as unknown as { _api: Record<string, unknown> })._api;
+  const facade = {
+    _api: { scheduleCallback: api.scheduleCallback, config: api.config, abortSignalAny: api.abortSignalAny },
+    loadedPackages: pyodide.loadedPackages,
+    version: pyodide.version,
+  };
+  pyodide.unregisterJsModule("pyodide_js");
+  pyodide.registerJsModule("pyodide_js", facade);
+  pyodide.runPython(
+    "import sys\nfor _name in [n for n in sys.modules if n.split('.')[0] == 'pyodide_js']: del sys.modules[_name]\ndel _name",
+  );
+  return facade;
+}
+
+// An audit hook tells recycle.ts when a program reaches past what a recycle checks: raw memory
+// and C calls (ctypes), every live object (gc), other frames (tracing), or the hook itself. Such
+// a sandbox is replaced, not recycled. Audit hooks cannot be removed from Python.
+const AUDIT_HOOK = `
+def _install(report):
+    import sys
+    watched = ("ctypes.", "gc.get_", "sys.settrace", "sys.setprofile", "sys._current_frames")
+    def hook(event, args):
+        if event.startswith(watched) or (event == "object.__setattr__" and args and args[0] is hook):
+            report(event)
+    sys.addaudithook(hook)
+_install
+`;
+
+function reportReachingPast(): void {
+  const scope = pyodide.toPy({});
+  const install = pyodide.runPython(AUDIT_HOOK, { globals: scope }) as PyCallable;
+  install((event: string) => taint(`it used ${event}`));
+  install.destroy?.();
+  scope.destroy();
+}
+
+// Recycling (recycle.ts): back to the clean state, in idle time between two callers.
+function recycle(message: WorkerRecycle): void {
+  const started = performance.now();
+  warmUpLeft = 0;
+  const outcome = clean === null ? { clean: false as const, reason: "it has no clean state" } : clean.recycle();
+  const reply: WorkerRecycled = {
+    type: "recycled",
+    id: message.id,
+    clean: outcome.clean,
+    reason: outcome.clean ? null : outcome.reason,
+    ms: Math.round((performance.now() - started) * 100) / 100,
+    dataLost: outcome.clean && outcome.dataLost,
+  };
+  postToMain({ id: null, json: JSON.stringify(reply), exiting: false, nonce: message.nonce } satisfies WorkerPost);
+}
+
 // JIT warm-up: V8 compiles Pyodide's hot WebAssembly functions only after they have run many
 // times, so a new sandbox runs Python several times slower for its first few hundred calls.
 // Asked to, a sandbox spends idle time between calls running a sample program, one round per
@@ -342,7 +409,7 @@ function warmUpStep(): void {
   if (warmUpLeft <= 0) return;
   const quiet = performance.now() - lastMessageAt;
   if (waiting > 0 || quiet < JIT_WARM_UP_IDLE_MS) {
-    setTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS - Math.min(quiet, JIT_WARM_UP_IDLE_MS) + 1);
+    hostSetTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS - Math.min(quiet, JIT_WARM_UP_IDLE_MS) + 1);
     return;
   }
   // Detached: an interrupt that arrives now is for the run queued behind this round.
@@ -355,7 +422,7 @@ function warmUpStep(): void {
   } finally {
     pyodide.setInterruptBuffer(interruptBuffer);
   }
-  setTimeout(warmUpStep, 0);
+  hostSetTimeout(warmUpStep, 0);
 }
 
 // init, data and run are handled one after another, in order; a tool_result must not wait
@@ -377,8 +444,11 @@ async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }>):
     case "run":
       await run(message);
       break;
+    case "recycle":
+      recycle(message);
+      break;
     case "jit_warm_up":
-      if (warmUpLeft <= 0) setTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS);
+      if (warmUpLeft <= 0) hostSetTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS);
       warmUpLeft = message.rounds;
       break;
   }

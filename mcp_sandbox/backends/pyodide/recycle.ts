@@ -1,0 +1,393 @@
+// Recycling: a used sandbox put back into its clean state in place, so a call without a session,
+// or a new session, costs milliseconds instead of a new process (docs/clean-sandbox.md).
+//
+// Exact for what lives in WebAssembly memory (copied back), the JS reference table and the file
+// system (restored). The JavaScript realm cannot be copied back, so it is guarded and checked:
+// what can schedule code for later is wrapped before Pyodide loads, and everything reachable from
+// the realm's roots is walked and compared with the clean walk. A sandbox whose realm changed is
+// not recycled; the host replaces it with a new process.
+import type { PyodideInterface } from "pyodide";
+
+type FSNode = {
+  name: string;
+  mode: number;
+  ctime: number;
+  mtime: number;
+  atime: number;
+  parent: FSNode;
+  mounted: unknown;
+};
+type FSStream = { fd: number };
+type EmscriptenFS = {
+  streams: (FSStream | null)[];
+  ignorePermissions: boolean;
+  lookupPath(path: string, options: { follow: boolean }): { node: FSNode };
+  readdir(path: string): string[];
+  isDir(mode: number): boolean;
+  unlink(path: string): void;
+  rmdir(path: string): void;
+  close(stream: FSStream): void;
+  cwd(): string;
+  chdir(path: string): void;
+};
+type Module = {
+  HEAP8: Int8Array;
+  stackSave(): number;
+  stackRestore(pointer: number): void;
+  __hiwire_get(index: number): unknown;
+  __hiwire_set(index: number, value: unknown): number;
+  wasmTable: WebAssembly.Table;
+  LDSO: { loadedLibsByName: Record<string, unknown> };
+  finalizationRegistry: FinalizationRegistry<unknown>;
+  FS: EmscriptenFS;
+};
+
+//: A sandbox whose WebAssembly memory grew by more than this is replaced: memory cannot shrink.
+const MAX_MEMORY_GROWTH = 64 * 1024 * 1024;
+
+// What happened since the clean point that makes this sandbox unfit to recycle.
+const taints = new Set<string>();
+// Timers set since the clean point (asyncio's callbacks, a program's own): cleared on recycling.
+const timers = new Set<ReturnType<typeof setTimeout>>();
+let watching = false;
+
+// The originals, for this worker's own use: wrapped ones would count its timers as a program's.
+export const hostSetTimeout = globalThis.setTimeout.bind(globalThis);
+
+function fix(target: object, name: PropertyKey, value: unknown): void {
+  Object.defineProperty(target, name, { value, writable: false, configurable: false, enumerable: false });
+}
+
+// A function or constructor whose use after the clean point leaves work the realm would run later.
+function flagUse(target: Record<PropertyKey, unknown>, name: string, label: string): void {
+  const original = target[name];
+  if (typeof original !== "function") return;
+  fix(
+    target,
+    name,
+    new Proxy(original, {
+      apply(fn, self, args) {
+        if (watching) taints.add(label);
+        return Reflect.apply(fn, self, args);
+      },
+      construct(fn, args, newTarget) {
+        if (watching) taints.add(label);
+        return Reflect.construct(fn, args, newTarget);
+      },
+    }),
+  );
+}
+
+// Installed when the worker starts, before Pyodide loads and before any program runs, so no
+// program ever holds an unwrapped original. `fixedLater`: Deno functions the worker fixes itself.
+export function guardRealm(fixedLater: string[]): void {
+  const realSetTimeout = globalThis.setTimeout as (...args: unknown[]) => ReturnType<typeof setTimeout>;
+  const realSetInterval = globalThis.setInterval as (...args: unknown[]) => ReturnType<typeof setTimeout>;
+  fix(globalThis, "setTimeout", (handler: () => void, delay?: number, ...args: unknown[]) => {
+    const id = realSetTimeout(handler, delay, ...args);
+    if (watching) timers.add(id);
+    return id;
+  });
+  fix(globalThis, "setInterval", (handler: () => void, delay?: number, ...args: unknown[]) => {
+    const id = realSetInterval(handler, delay, ...args);
+    if (watching) timers.add(id);
+    return id;
+  });
+  const global = globalThis as unknown as Record<PropertyKey, unknown>;
+  for (const name of ["FinalizationRegistry", "WebSocket", "WebSocketStream", "BroadcastChannel", "MessageChannel", "Worker", "EventSource", "fetch"]) {
+    flagUse(global, name, `it used ${name}`);
+  }
+  flagUse(Atomics as unknown as Record<PropertyKey, unknown>, "waitAsync", "it used Atomics.waitAsync");
+  flagUse(EventTarget.prototype as unknown as Record<PropertyKey, unknown>, "addEventListener", "it added an event listener");
+  // Every Deno call that may finish later (file reads, timers of its own) counts.
+  const deno = Deno as unknown as Record<PropertyKey, unknown>;
+  for (const name of Object.keys(deno)) {
+    const descriptor = Object.getOwnPropertyDescriptor(deno, name);
+    if (fixedLater.includes(name) || !descriptor?.configurable || typeof descriptor.value !== "function") continue;
+    flagUse(deno, name, `it called Deno.${name}`);
+  }
+}
+
+// The event handlers a program could replace to read the next call's messages.
+const HANDLERS = ["onmessage", "onmessageerror", "onerror", "onunhandledrejection", "onrejectionhandled"];
+
+function handlerGetter(name: string): (() => unknown) | undefined {
+  for (let target: object | null = globalThis; target; target = Object.getPrototypeOf(target)) {
+    const descriptor = Object.getOwnPropertyDescriptor(target, name);
+    if (descriptor) return descriptor.get;
+  }
+  return undefined;
+}
+
+// One walk of the realm: every object reachable from the roots by own properties and
+// prototypes, with what each property holds. Typed arrays and buffers are data, not code.
+type Shape = { proto: object | null; extensible: boolean; props: Map<PropertyKey, unknown[]> };
+
+// Not walked: a PyProxy's properties are its Python object's, which the memory copy restores
+// (and listing them would run Python code); Pyodide's internals are out of programs' reach
+// (the pyodide_js facade, ctypes taints), and walking them would take 60 ms.
+let isPyProxy: (value: object) => boolean = () => false;
+const internals = new Set<object>();
+
+function opaque(object: object): boolean {
+  return ArrayBuffer.isView(object) || object instanceof ArrayBuffer || object instanceof SharedArrayBuffer ||
+    internals.has(object) || isPyProxy(object);
+}
+
+function walk(roots: unknown[]): Map<object, Shape> {
+  const seen = new Map<object, Shape>();
+  const stack: unknown[] = [...roots];
+  while (stack.length) {
+    const value = stack.pop();
+    if (value === null || (typeof value !== "object" && typeof value !== "function")) continue;
+    const object = value as object;
+    if (seen.has(object)) continue;
+    const shape: Shape = { proto: null, extensible: true, props: new Map() };
+    seen.set(object, shape);
+    if (opaque(object)) continue;
+    try {
+      shape.proto = Reflect.getPrototypeOf(object);
+      shape.extensible = Reflect.isExtensible(object);
+      for (const key of Reflect.ownKeys(object)) {
+        const d = Reflect.getOwnPropertyDescriptor(object, key);
+        if (!d) continue;
+        shape.props.set(key, [d.value, d.get, d.set, d.writable, d.configurable, d.enumerable]);
+        stack.push(d.value, d.get, d.set);
+      }
+    } catch {
+      continue; // a revoked proxy, say: nothing to compare
+    }
+    stack.push(shape.proto);
+  }
+  return seen;
+}
+
+function describeKey(object: object, key: PropertyKey): string {
+  let owner = "an object";
+  try {
+    owner = object === globalThis ? "globalThis" : typeof object === "function" ? (object as { name?: string }).name || "a function" : object.constructor?.name ?? "an object";
+  } catch { /* a proxy that refuses */ }
+  return `${owner}.${String(key)}`;
+}
+
+// The first difference between the clean walk and now, or null.
+function realmChange(clean: Map<object, Shape>): string | null {
+  for (const [object, shape] of clean) {
+    if (opaque(object)) continue;
+    let keys: PropertyKey[];
+    try {
+      if (Reflect.getPrototypeOf(object) !== shape.proto) return "an object's prototype was changed";
+      if (Reflect.isExtensible(object) !== shape.extensible) return "an object was frozen or sealed";
+      keys = Reflect.ownKeys(object);
+    } catch {
+      continue;
+    }
+    if (keys.length !== shape.props.size) {
+      const added = keys.find((key) => !shape.props.has(key));
+      return added === undefined ? "a property was deleted" : `a property was added (${describeKey(object, added)})`;
+    }
+    for (const key of keys) {
+      const before = shape.props.get(key);
+      const d = Reflect.getOwnPropertyDescriptor(object, key);
+      if (!before || !d) return `a property was replaced (${describeKey(object, key)})`;
+      const now = [d.value, d.get, d.set, d.writable, d.configurable, d.enumerable];
+      if (now.some((part, i) => !Object.is(part, before[i]))) return `a property was changed (${describeKey(object, key)})`;
+    }
+  }
+  return null;
+}
+
+// The file system when clean: each node by path, with the times that any change moves.
+type NodeRecord = { node: FSNode; mode: number; ctime: number; mtime: number; atime: number };
+
+function fileTree(FS: EmscriptenFS, root: string, skip: Set<string>): Map<string, NodeRecord> {
+  const tree = new Map<string, NodeRecord>();
+  const visit = (path: string): void => {
+    const node = FS.lookupPath(path, { follow: false }).node;
+    tree.set(path, { node, mode: node.mode, ctime: node.ctime, mtime: node.mtime, atime: node.atime });
+    if (!FS.isDir(node.mode) || skip.has(path)) return;
+    for (const name of FS.readdir(path)) {
+      if (name !== "." && name !== "..") visit(path === "/" ? `/${name}` : `${path}/${name}`);
+    }
+  };
+  visit(root);
+  return tree;
+}
+
+// The guest's audit hook reports ctypes here: raw memory and C calls reach past every check.
+export function taint(reason: string): void {
+  if (watching) taints.add(reason);
+}
+
+export type RecycleOutcome = { clean: true; dataLost: boolean } | { clean: false; reason: string };
+
+export class CleanState {
+  private readonly module: Module;
+  private readonly memory: Uint8Array;
+  private readonly stackPointer: number;
+  private readonly table: unknown[];
+  private readonly wasmTableLength: number;
+  private readonly libraries: number;
+  private readonly realm: Map<object, Shape>;
+  private readonly files: Map<string, NodeRecord>;
+  private readonly streams: Set<number>;
+  private readonly cwd: string;
+  private readonly registered: object[] = [];
+  private readonly onmessage: unknown;
+  private data: Map<string, NodeRecord> = new Map();
+
+  // Taken once the worker is ready and before its first program: from here on, everything a
+  // program does is either copied back, restored, or found by the checks.
+  constructor(
+    pyodide: PyodideInterface,
+    private readonly dataDir: string,
+    realmRoots: unknown[],
+  ) {
+    const module = (pyodide as unknown as { _module: Module })._module;
+    this.module = module;
+    this.stackPointer = module.stackSave();
+    this.table = [];
+    for (let i = 0;; i++) {
+      try {
+        this.table.push(module.__hiwire_get(i));
+      } catch {
+        break; // past the table's end
+      }
+    }
+    this.wasmTableLength = module.wasmTable.length;
+    this.libraries = Object.keys(module.LDSO.loadedLibsByName).length;
+    const FS = module.FS;
+    this.files = fileTree(FS, "/", new Set([this.dataDir, "/proc", "/dev"]));
+    this.streams = new Set(FS.streams.flatMap((stream, fd) => (stream ? [fd] : [])));
+    this.cwd = FS.cwd();
+    this.onmessage = handlerGetter("onmessage")?.call(globalThis);
+    // Proxies that Python objects get during a run register with Pyodide's finalizer; after the
+    // memory is copied back, their finalizers would free someone else's objects.
+    const registry = module.finalizationRegistry;
+    const register = registry.register.bind(registry);
+    fix(registry, "register", (target: object, held: unknown, token?: object) => {
+      if (token !== undefined) this.registered.push(token);
+      else taints.add("a finalizer was registered without a token");
+      return register(target, held, token);
+    });
+    for (const internal of [pyodide, module, (pyodide as unknown as { _api: object })._api]) internals.add(internal);
+    const PyProxy = pyodide.ffi.PyProxy;
+    isPyProxy = (value) => value instanceof PyProxy;
+    this.realm = walk([globalThis, ...realmRoots, ...this.table]);
+    // Twice more, so V8 compiles the check now rather than during the first callers' recycles.
+    for (let i = 0; i < 2; i++) realmChange(this.realm);
+    this.memory = new Uint8Array(module.HEAP8.buffer.slice(0));
+    watching = true;
+  }
+
+  // Files the host sends into data/ after the clean point are part of the clean state too. Their
+  // change time is set to 0, which any later change moves, however soon it comes.
+  dataApplied(): void {
+    this.data = fileTree(this.module.FS, this.dataDir, new Set());
+    for (const record of this.data.values()) record.node.ctime = record.ctime = 0;
+  }
+
+  recycle(): RecycleOutcome {
+    const reason = this.whyNot();
+    if (reason !== null) return { clean: false, reason };
+    for (const id of timers) clearTimeout(id); // clears intervals too
+    timers.clear();
+    const registry = this.module.finalizationRegistry;
+    for (const token of this.registered) registry.unregister(token);
+    this.registered.length = 0;
+    const files = this.restoreFiles();
+    if (files !== null) return { clean: false, reason: files };
+    const dataLost = this.restoreData();
+    this.restoreMemory();
+    return { clean: true, dataLost };
+  }
+
+  private whyNot(): string | null {
+    if (taints.size) return [...taints][0];
+    const module = this.module;
+    if (module.HEAP8.buffer.byteLength - this.memory.length > MAX_MEMORY_GROWTH) {
+      return `its memory grew to ${Math.round(module.HEAP8.buffer.byteLength / 2 ** 20)} MB`;
+    }
+    if (module.wasmTable.length !== this.wasmTableLength) return "it loaded native code";
+    if (Object.keys(module.LDSO.loadedLibsByName).length !== this.libraries) return "it loaded a library";
+    if (handlerGetter("onmessage")?.call(globalThis) !== this.onmessage) return "its message handler was replaced";
+    for (const name of HANDLERS.slice(1)) {
+      if (handlerGetter(name)?.call(globalThis)) return `it set ${name}`;
+    }
+    const change = realmChange(this.realm);
+    return change === null ? null : `its JavaScript realm changed: ${change}`;
+  }
+
+  private restoreFiles(): string | null {
+    const FS = this.module.FS;
+    FS.ignorePermissions = true;
+    try {
+      for (let fd = 0; fd < FS.streams.length; fd++) {
+        const stream = FS.streams[fd];
+        if (stream && !this.streams.has(fd)) FS.close(stream);
+      }
+      const now = fileTree(FS, "/", new Set([this.dataDir, "/proc", "/dev"]));
+      // Deepest first, so a folder is empty by the time it is removed.
+      const added = [...now.keys()].filter((path) => !this.files.has(path)).sort((a, b) => b.length - a.length);
+      for (const path of added) {
+        if (FS.isDir(now.get(path)!.node.mode)) FS.rmdir(path);
+        else FS.unlink(path);
+      }
+      for (const [path, record] of this.files) {
+        if (path === this.dataDir) continue; // restoreData's
+        const node = now.get(path)?.node;
+        if (node !== record.node) return `a file it did not make was replaced (${path})`;
+        if (node.ctime !== record.ctime && !FS.isDir(record.mode)) return `a file it did not make was changed (${path})`;
+        Object.assign(node, { mode: record.mode, ctime: record.ctime, mtime: record.mtime, atime: record.atime });
+      }
+      FS.chdir(this.cwd);
+      return null;
+    } catch (error) {
+      return `its files could not be restored: ${error}`;
+    } finally {
+      FS.ignorePermissions = false;
+    }
+  }
+
+  // data/ is the host's: if a program changed it, it is emptied and the host sends it again.
+  private restoreData(): boolean {
+    const FS = this.module.FS;
+    const now = fileTree(FS, this.dataDir, new Set());
+    const same = now.size === this.data.size &&
+      [...this.data].every(([path, record]) => {
+        const node = now.get(path)?.node;
+        return node === record.node && node.ctime === record.ctime && node.mode === record.mode;
+      });
+    if (same) return false;
+    FS.ignorePermissions = true;
+    try {
+      const paths = [...now.keys()].filter((path) => path !== this.dataDir).sort((a, b) => b.length - a.length);
+      for (const path of paths) {
+        if (FS.isDir(now.get(path)!.node.mode)) FS.rmdir(path);
+        else FS.unlink(path);
+      }
+    } finally {
+      FS.ignorePermissions = false;
+    }
+    this.data = fileTree(FS, this.dataDir, new Set());
+    return true;
+  }
+
+  private restoreMemory(): void {
+    const module = this.module;
+    const heap = new Uint8Array(module.HEAP8.buffer);
+    heap.set(this.memory);
+    // Memory it grew into is zeroed: the next program must not find this one's bytes there.
+    if (heap.length > this.memory.length) heap.fill(0, this.memory.length);
+    module.stackRestore(this.stackPointer);
+    let length = this.table.length;
+    for (;; length++) {
+      try {
+        module.__hiwire_get(length);
+      } catch {
+        break;
+      }
+    }
+    for (let i = 0; i < length; i++) module.__hiwire_set(i, i < this.table.length ? this.table[i] : undefined);
+  }
+}

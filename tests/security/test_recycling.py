@@ -1,0 +1,164 @@
+"""Recycling (pyodide): a sandbox reset in place between callers must carry nothing over.
+
+Every taint check of the red team runs here against a reused sandbox: the taint in a call without
+a session, then the probe in the next such calls until one lands in the same sandbox (each program
+prints performance.timeOrigin first, which names its Deno process). Each test also says whether it
+expects the sandbox recycled or replaced, so a recycle that quietly always replaces fails rather
+than passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from mcp_sandbox.settings import Settings
+from tests.integration.conftest import server_params
+from tests.security import test_red_team as red_team
+from tests.security.test_red_team import (
+    ATTACKS,
+    BLOCKED,
+    Attack,
+    NotSeenElsewhere,
+    Reply,
+    World,
+    attack_host,
+    send,
+)
+
+#: The red team's fixture: the same data folder and host files.
+world = red_team.world
+
+#: Printed first by every program here: which Deno process, so which sandbox, ran it.
+WHICH_SANDBOX = "import js as _rt_js\nprint(_rt_js.performance.timeOrigin, flush=True)\n"
+#: Calls that may go to the pool's other sandbox before the recycled one comes back.
+TRIES = 4
+
+#: Taints a recycle cannot undo, so the sandbox is replaced instead, and why.
+REPLACED = {"taint_js_globals": "its JavaScript realm changed"}
+
+TAINTS = [
+    attack
+    for attack in ATTACKS
+    if isinstance(attack.check, NotSeenElsewhere) and attack.expected["pyodide"] is BLOCKED
+]
+
+
+@pytest.fixture(scope="module")
+async def client(anyio_backend: str, world: World) -> AsyncIterator[Client]:
+    params = server_params(
+        MCP_SANDBOX_BACKEND="pyodide",
+        MCP_SANDBOX_POOL_SIZE="1",
+        MCP_SANDBOX_DATA_DIR=str(world.data),
+        MCP_SANDBOX_CACHE_DIR=str(Settings().cache_dir),
+    )
+    async with Client(params) as connected:
+        yield connected
+
+
+async def run_where(client: Client, code: str, session: str | None = None) -> tuple[str, Reply]:
+    """Run `code`; return which sandbox ran it, and the reply."""
+    reply = await send(client, WHICH_SANDBOX + code, session)
+    return str(reply.get("stdout") or "").split("\n", 1)[0], reply
+
+
+async def next_calls_in(client: Client, sandbox: str, code: str) -> list[Reply]:
+    """Run `code` without a session until it lands in `sandbox` (at most TRIES times): every
+    reply, the last one from `sandbox` unless that sandbox was replaced."""
+    replies = []
+    for _ in range(TRIES):
+        where, reply = await run_where(client, code)
+        replies.append(reply)
+        if where == sandbox:
+            return replies
+    return replies
+
+
+def landed(replies: list[Reply], sandbox: str) -> bool:
+    return str(replies[-1].get("stdout") or "").startswith(sandbox)
+
+
+def test_every_taint_check_is_here() -> None:
+    assert len(TAINTS) >= 17, [attack.name for attack in TAINTS]
+
+
+@pytest.mark.parametrize("attack", TAINTS, ids=[attack.name for attack in TAINTS])
+async def test_a_taint_does_not_survive_recycling(
+    attack: Attack, client: Client, world: World, tmp_path: Path
+) -> None:
+    check = attack.check
+    assert isinstance(check, NotSeenElsewhere)
+    async with attack_host(client, world, tmp_path, None) as host:
+        sandbox, tainted = await run_where(client, host.render(attack.code))
+        assert tainted.get("success") is True, f"the taint itself failed: {tainted.summary()}"
+        probes = await next_calls_in(client, sandbox, host.render(check.probe))
+    for seen in probes:
+        assert seen.get("result") == check.clean, f"a later caller saw the taint: {seen.summary()}"
+    if attack.name in REPLACED:
+        assert not landed(probes, sandbox), f"expected a new sandbox ({REPLACED[attack.name]})"
+    else:
+        assert landed(probes, sandbox), "the sandbox was replaced, not recycled: the reset went untested"
+
+
+async def test_a_timer_left_by_javascript_never_fires(client: Client) -> None:
+    sandbox, left = await run_where(
+        client,
+        "from pyodide.ffi import create_proxy\n"
+        "_rt_js.setTimeout(create_proxy(lambda: _rt_js.eval('globalThis.rt_fired = 1')), 300)",
+    )
+    assert left.get("success") is True, left.summary()
+    await anyio.sleep(0.6)
+    probes = await next_calls_in(client, sandbox, "_rt_js.eval('typeof globalThis.rt_fired')")
+    assert landed(probes, sandbox), "a pending timer alone should not cost a new sandbox"
+    assert all(seen.get("result") == "'undefined'" for seen in probes), probes[-1].summary()
+
+
+async def test_data_changed_by_a_program_is_sent_again(client: Client, world: World) -> None:
+    sandbox, changed = await run_where(
+        client,
+        "import os\nos.chmod('data', 0o755)\nos.chmod('data/victim.txt', 0o644)\n"
+        "open('data/victim.txt', 'w').write('changed')\nopen('data/planted.txt', 'w').write('x')",
+    )
+    assert changed.get("success") is True, changed.summary()
+    probes = await next_calls_in(
+        client, sandbox, "import os\n(open('data/victim.txt').read(), os.path.exists('data/planted.txt'))"
+    )
+    assert landed(probes, sandbox), "changing data/ alone should not cost a new sandbox"
+    expected = repr(((world.data / "victim.txt").read_text(), False))
+    assert all(seen.get("result") == expected for seen in probes), probes[-1].summary()
+    assert (world.data / "victim.txt").read_text() != "changed"
+
+
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [
+        ("ctypes", "import ctypes\nctypes.string_at(id(1), 8)"),
+        ("gc", "import gc\nlen(gc.get_objects()) > 0"),
+        ("a JavaScript global", "_rt_js.globalThis.rtPlanted = 1"),
+        ("a patched builtin prototype", "_rt_js.eval('Array.prototype.rtPlanted = 1')"),
+        (
+            "a message listener",
+            "from pyodide.ffi import create_proxy\n"
+            "_rt_js.addEventListener('message', create_proxy(lambda event: None))",
+        ),
+        ("a grown memory", "blob = bytearray(200 * 1024 * 1024)\nlen(blob)"),
+    ],
+)
+async def test_what_reaches_past_the_checks_gets_a_new_sandbox(client: Client, name: str, code: str) -> None:
+    sandbox, reply = await run_where(client, code)
+    assert reply.get("success") is True, reply.summary()
+    probes = await next_calls_in(client, sandbox, "'probe'")
+    assert not landed(probes, sandbox), f"a sandbox that saw {name} was recycled"
+
+
+async def test_an_ended_session_is_recycled_clean(client: Client) -> None:
+    sandbox, planted = await run_where(client, "rt_planted = 'TAINT'", "recycled")
+    assert planted.get("success") is True, planted.summary()
+    await client.call_tool("reset_session", {"session_id": "recycled"})
+    probes = await next_calls_in(client, sandbox, "'rt_planted' in globals()")
+    assert landed(probes, sandbox), "the ended session's sandbox never came back to the pool"
+    assert all(seen.get("result") == "False" for seen in probes), probes[-1].summary()
