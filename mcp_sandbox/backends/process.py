@@ -9,7 +9,7 @@ import signal
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import anyio
 import anyio.abc
@@ -35,8 +35,6 @@ GUEST_MODULES: list[tuple[str, str]] = [
     (protocol.GUEST_RUNTIME_MODULE, Path(__file__).with_name("guest.py").read_text(encoding="utf-8")),
 ]
 STDERR_TAIL_BYTES = 4096
-#: Seconds a recycle may take before the sandbox is given up (a reset takes milliseconds).
-RECYCLE_TIMEOUT = 5.0
 MB = 1024 * 1024
 #: Seconds between two looks at a sandbox's resident memory.
 MEMORY_POLL = 0.1
@@ -94,9 +92,6 @@ async def start_process_executor(
 class ProcessExecutor(Executor):
     """A sandbox that is a child process speaking the runner protocol (protocol.py) on its
     stdin and stdout. Subclasses name the backend and may interrupt differently."""
-
-    #: Whether the runner can reset its sandbox in place (the `recycle` message).
-    recyclable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -197,32 +192,6 @@ class ProcessExecutor(Executor):
                 self._messages.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 return
-
-    async def recycle(self) -> str | None:
-        if not self.recyclable:
-            return await super().recycle()
-        if not self.alive:
-            return "it is not alive"
-        self._drain_stale_messages()
-        self._run_id += 1
-        try:
-            await self._send({"type": "recycle", "id": self._run_id})
-            with anyio.fail_after(RECYCLE_TIMEOUT):
-                while True:
-                    message = await self._next_message()
-                    if isinstance(message, Malformed):
-                        continue
-                    if message["type"] == "recycled" and message["id"] == self._run_id:
-                        break
-        except SandboxDied as error:
-            return f"it died: {error}"
-        except TimeoutError:
-            return f"it did not answer within {RECYCLE_TIMEOUT:g} s"
-        if not message["clean"]:
-            return message["reason"] or "it is not clean"
-        logger.debug("%s sandbox %d recycled in %.1f ms", self.backend, self.pid, message["ms"])
-        self._tools_version = -1  # the guest's `tools` went with the rest of its state
-        return None
 
     async def _deliver_tool_result(self, call: int, reply: str) -> None:
         await self._send({"type": "tool_result", "call": call, "reply": reply})

@@ -20,10 +20,12 @@ import anyio
 import anyio.abc
 
 from mcp_sandbox.backends.base import Backend, Executor, ExecutorHooks, SandboxDied, SandboxStartError
-from mcp_sandbox.backends.process import MB, ProcessExecutor, start_process_executor
+from mcp_sandbox.backends.process import MB, Malformed, ProcessExecutor, start_process_executor
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
+#: Seconds a recycle may take before the sandbox is given up (a reset takes milliseconds).
+RECYCLE_TIMEOUT = 5.0
 
 
 #: The Deno runner's files (runner.ts, worker.ts, ...) live beside this module, in the wheel too.
@@ -219,7 +221,6 @@ class PyodideBackend(Backend):
 
 class PyodideExecutor(ProcessExecutor):
     backend: ClassVar[str] = "pyodide"
-    recyclable: ClassVar[bool] = True
     #: Rounds of the guest's JIT warm-up program to run when idle (0: none); set by the backend.
     jit_warm_up_rounds = 0
     _jit_warm_up_sent = False
@@ -229,3 +230,27 @@ class PyodideExecutor(ProcessExecutor):
             self._jit_warm_up_sent = True
             with contextlib.suppress(SandboxDied):  # a dead sandbox is found out by its next call
                 await self._send({"type": "jit_warm_up", "rounds": self.jit_warm_up_rounds})
+
+    async def recycle(self) -> str | None:
+        if not self.alive:
+            return "it is not alive"
+        self._drain_stale_messages()
+        self._run_id += 1
+        try:
+            await self._send({"type": "recycle", "id": self._run_id})
+            with anyio.fail_after(RECYCLE_TIMEOUT):
+                while True:
+                    message = await self._next_message()
+                    if isinstance(message, Malformed):
+                        continue
+                    if message["type"] == "recycled" and message["id"] == self._run_id:
+                        break
+        except SandboxDied as error:
+            return f"it died: {error}"
+        except TimeoutError:
+            return f"it did not answer within {RECYCLE_TIMEOUT:g} s"
+        if not message["clean"]:
+            return message["reason"] or "it is not clean"
+        logger.debug("%s sandbox %d recycled in %.1f ms", self.backend, self.pid, message["ms"])
+        self._tools_version = -1  # the guest's `tools` went with the rest of its state
+        return None

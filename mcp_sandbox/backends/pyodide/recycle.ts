@@ -214,6 +214,25 @@ function fileTree(FS: EmscriptenFS, root: string, skip: Set<string>): Map<string
   return tree;
 }
 
+// Removes `paths` of `tree`, deepest first, so a folder is empty by the time it is removed.
+function remove(FS: EmscriptenFS, tree: Map<string, NodeRecord>, paths: string[]): void {
+  for (const path of [...paths].sort((a, b) => b.length - a.length)) {
+    if (FS.isDir(tree.get(path)!.node.mode)) FS.rmdir(path);
+    else FS.unlink(path);
+  }
+}
+
+// The JS reference table's length: the first index it refuses, from `known` on.
+function tableLength(module: Module, known: number): number {
+  for (let length = known;; length++) {
+    try {
+      module.__hiwire_get(length);
+    } catch {
+      return length;
+    }
+  }
+}
+
 // The guest's audit hook reports ctypes here: raw memory and C calls reach past every check.
 export function taint(reason: string): void {
   if (watching) taints.add(reason);
@@ -230,6 +249,8 @@ export class CleanState {
   private readonly libraries: number;
   private readonly realm: Map<object, Shape>;
   private readonly files: Map<string, NodeRecord>;
+  // Not restored with the rest of the tree: data/ has its own check, /proc and /dev are devices.
+  private readonly skipped: Set<string>;
   private readonly streams: Set<number>;
   private readonly cwd: string;
   private readonly registered: object[] = [];
@@ -246,18 +267,12 @@ export class CleanState {
     const module = (pyodide as unknown as { _module: Module })._module;
     this.module = module;
     this.stackPointer = module.stackSave();
-    this.table = [];
-    for (let i = 0;; i++) {
-      try {
-        this.table.push(module.__hiwire_get(i));
-      } catch {
-        break; // past the table's end
-      }
-    }
+    this.table = Array.from({ length: tableLength(module, 0) }, (_, i) => module.__hiwire_get(i));
     this.wasmTableLength = module.wasmTable.length;
     this.libraries = Object.keys(module.LDSO.loadedLibsByName).length;
     const FS = module.FS;
-    this.files = fileTree(FS, "/", new Set([this.dataDir, "/proc", "/dev"]));
+    this.skipped = new Set([this.dataDir, "/proc", "/dev"]);
+    this.files = fileTree(FS, "/", this.skipped);
     this.streams = new Set(FS.streams.flatMap((stream, fd) => (stream ? [fd] : [])));
     this.cwd = FS.cwd();
     this.onmessage = handlerGetter("onmessage")?.call(globalThis);
@@ -326,13 +341,8 @@ export class CleanState {
         const stream = FS.streams[fd];
         if (stream && !this.streams.has(fd)) FS.close(stream);
       }
-      const now = fileTree(FS, "/", new Set([this.dataDir, "/proc", "/dev"]));
-      // Deepest first, so a folder is empty by the time it is removed.
-      const added = [...now.keys()].filter((path) => !this.files.has(path)).sort((a, b) => b.length - a.length);
-      for (const path of added) {
-        if (FS.isDir(now.get(path)!.node.mode)) FS.rmdir(path);
-        else FS.unlink(path);
-      }
+      const now = fileTree(FS, "/", this.skipped);
+      remove(FS, now, [...now.keys()].filter((path) => !this.files.has(path)));
       for (const [path, record] of this.files) {
         if (path === this.dataDir) continue; // restoreData's
         const node = now.get(path)?.node;
@@ -361,11 +371,7 @@ export class CleanState {
     if (same) return false;
     FS.ignorePermissions = true;
     try {
-      const paths = [...now.keys()].filter((path) => path !== this.dataDir).sort((a, b) => b.length - a.length);
-      for (const path of paths) {
-        if (FS.isDir(now.get(path)!.node.mode)) FS.rmdir(path);
-        else FS.unlink(path);
-      }
+      remove(FS, now, [...now.keys()].filter((path) => path !== this.dataDir));
     } finally {
       FS.ignorePermissions = false;
     }
@@ -380,14 +386,7 @@ export class CleanState {
     // Memory it grew into is zeroed: the next program must not find this one's bytes there.
     if (heap.length > this.memory.length) heap.fill(0, this.memory.length);
     module.stackRestore(this.stackPointer);
-    let length = this.table.length;
-    for (;; length++) {
-      try {
-        module.__hiwire_get(length);
-      } catch {
-        break;
-      }
-    }
+    const length = tableLength(module, this.table.length);
     for (let i = 0; i < length; i++) module.__hiwire_set(i, i < this.table.length ? this.table[i] : undefined);
   }
 }
