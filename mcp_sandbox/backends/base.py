@@ -105,6 +105,7 @@ class ToolCalls:
         self._task_group = task_group
         self._max_calls = max_calls
         self._scopes: set[anyio.CancelScope] = set()
+        self._ended = False
         self.count = 0
 
     def start(self, call: int, server: str, tool: str, arguments: str, deliver: Deliver) -> None:
@@ -116,7 +117,10 @@ class ToolCalls:
         self, call: int, server: str, tool: str, arguments: str, deliver: Deliver, over_limit: bool
     ) -> None:
         reply = reply_error("the execution ended (finished or timed out) before this tool call returned")
+        # A call that arrives after the run ended (it crossed the interrupt) is answered, not made.
         scope = anyio.CancelScope()
+        if self._ended:
+            scope.cancel()
         self._scopes.add(scope)
         with scope:
             reply = await self._reply(server, tool, arguments, over_limit)
@@ -141,6 +145,7 @@ class ToolCalls:
         return await self._tools.call(str(server), str(tool), decoded)
 
     def cancel_all(self) -> None:
+        self._ended = True
         for scope in self._scopes:
             scope.cancel()
 

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.anyio
 
 REPO = Path(__file__).resolve().parents[2]
 CALL_TIMEOUT = 3  # MCP_SANDBOX_BRIDGE_CALL_TIMEOUT of the server under test
+GRACE = 8  # MCP_SANDBOX_INTERRUPT_GRACE: long, so a slow machine's interrupt is not taken for a kill
 MAX_CALLS = 250  # MCP_SANDBOX_BRIDGE_MAX_CALLS of the server under test
 
 
@@ -94,6 +95,7 @@ async def client(anyio_backend: str, backend: str, bridge_config: Path) -> Async
         MCP_SANDBOX_BRIDGE_CONFIG=str(bridge_config),
         MCP_SANDBOX_BRIDGE_CALL_TIMEOUT=str(CALL_TIMEOUT),
         MCP_SANDBOX_BRIDGE_MAX_CALLS=str(MAX_CALLS),
+        MCP_SANDBOX_INTERRUPT_GRACE=str(GRACE),
     )
     async with Client(params) as connected:
         yield connected
@@ -180,7 +182,20 @@ async def test_execution_timeout_cancels_a_pending_call(client: Client) -> None:
     assert result["error_type"] == "Timeout"
     assert result["duration_ms"] < 4_000
     after = await call(client, "kept, tools.calc.add(a=2, b=2)", session_id="bridged")
-    assert after["result"] == "('yes', {'sum': 4})", after
+    assert after["result"] == "('yes', {'sum': 4})", (after["error_type"], after["error"])
+
+
+async def test_a_call_made_after_the_deadline_is_not_made(client: Client) -> None:
+    # The interrupt lands while sum() runs in C, so the program reaches the tool call with it
+    # pending: the call must be refused at once, not run for 5 s and cost the session.
+    await call(client, "kept = 'yes'", session_id="late-call")
+    code = "sum(range(5 * 10**6))\ntools.calc.slow(seconds=5)"
+    result = await call(client, code, session_id="late-call", timeout=0.2)
+    assert result["error_type"] == "Timeout", result
+    assert not result.get("session_lost"), result
+    assert result["duration_ms"] < 5_000, "the tool call after the deadline was made and waited for"
+    after = await call(client, "kept", session_id="late-call")
+    assert after["result"] == "'yes'", after
 
 
 async def test_call_limit_per_execution(client: Client) -> None:

@@ -157,7 +157,14 @@ function startWorker(message: InitMessage): Worker {
         if (exiting) Deno.exit(EXIT_SANDBOX_GONE);
         return;
       }
-      if (syncCall !== undefined) pendingSyncCall = syncCall;
+      if (syncCall !== undefined) {
+        // The interrupt came between the worker's post and now: wake it instead of calling.
+        if (Atomics.load(interruptBuffer, 0) !== 0) {
+          wakeWorker(SYNC_INTERRUPTED);
+          return;
+        }
+        pendingSyncCall = syncCall;
+      }
     } else if (id === runningId) {
       runningId = null;
     } else {

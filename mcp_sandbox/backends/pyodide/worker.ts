@@ -58,6 +58,11 @@ let syncData: SharedArrayBuffer;
 const decoder = new TextDecoder();
 
 function blockOnToolCall(call: number, message: string): string {
+  if (Atomics.load(interruptBuffer, 0) !== 0) {
+    // Interrupted already (the deadline passed inside C code): the call is never made.
+    interruptBuffer[0] = 0;
+    return REPLY_INTERRUPTED;
+  }
   Atomics.store(syncState, SYNC_STATE, SYNC_WAITING);
   post(null, message, false, call);
   Atomics.wait(syncState, SYNC_STATE, SYNC_WAITING);
