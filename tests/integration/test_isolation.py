@@ -266,12 +266,15 @@ os.getuid()
 
 
 def processes_of(uid: int) -> list[int]:
+    """Live processes of `uid`; zombies (dead, waiting for init to reap them) are not counted."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and entry.stat().st_uid == uid:
-                found.append(int(entry.name))
-        except OSError:
+                state = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+                if state != b"Z":
+                    found.append(int(entry.name))
+        except (OSError, IndexError):
             continue
     return found
 

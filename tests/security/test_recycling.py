@@ -35,8 +35,13 @@ world = red_team.world
 
 #: Printed first by every program here: which Deno process, so which sandbox, ran it.
 WHICH_SANDBOX = "import js as _rt_js\nprint(_rt_js.performance.timeOrigin, flush=True)\n"
-#: Calls that may go to the pool's other sandbox before the recycled one comes back.
-TRIES = 4
+#: Calls that may go to the pool's other sandbox before the recycled one comes back (a pool of
+#: one can hold two for a moment: a waiter starts a sandbox while the used one is being reset).
+TRIES = 6
+#: Before each try, time for the used sandbox's reset to finish (tens of milliseconds, more on a
+#: loaded machine), so it is first in line again: a recycled sandbox goes to the front, and of two
+#: the one at the back is closed.
+TRY_GAP_S = 0.5
 
 #: Taints a recycle cannot undo, so the sandbox is replaced instead, and why.
 REPLACED = {"taint_js_globals": "its JavaScript realm changed"}
@@ -71,6 +76,7 @@ async def next_calls_in(client: Client, sandbox: str, code: str) -> list[Reply]:
     reply, the last one from `sandbox` unless that sandbox was replaced."""
     replies = []
     for _ in range(TRIES):
+        await anyio.sleep(TRY_GAP_S)
         where, reply = await run_where(client, code)
         replies.append(reply)
         if where == sandbox:
