@@ -172,6 +172,9 @@ class ReadyPool:
         if self._closed:
             await executor.close()
             return
+        if self._recycle:
+            # A recycled sandbox keeps its compiled code, so warming it up pays for every caller.
+            await executor.jit_warm_up()
         if self._waiters:
             self._hand_over(executor)
         else:
