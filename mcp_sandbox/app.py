@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -27,6 +30,7 @@ from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import ProgressReport, SessionPool
 from mcp_sandbox.settings import Settings
+from mcp_sandbox.store import DirectoryStore
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +123,10 @@ class App:
         return self._sessions
 
     async def __aenter__(self) -> App:
+        store = self._open_store()  # first in, last out: removed after every task has ended
         task_group = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._stop, task_group)
-        sessions = SessionPool(self.settings)
+        sessions = SessionPool(self.settings, store)
         try:
             if self.settings.bridge_config is not None or self._local is not None:
                 config = BridgeConfig()
@@ -142,7 +147,7 @@ class App:
             recycle=self.settings.recycle and self._backend.recycles,
         )
         self._pool.fill()
-        sessions.attach(self._pool)
+        sessions.attach(self._pool, self._backend, task_group)
         self._sessions = sessions
         task_group.start_soon(sessions.expire_idle)
         logger.info(
@@ -152,6 +157,19 @@ class App:
             self.settings.pool_size,
         )
         return self
+
+    def _open_store(self) -> DirectoryStore:
+        """Where sessions are saved: the configured folder, or a private one gone at exit."""
+        settings = self.settings
+        root = settings.state_dir
+        if root is None:
+            root = Path(tempfile.mkdtemp(prefix="mcp-sandbox-state-"))
+            self._stack.callback(shutil.rmtree, root, ignore_errors=True)
+        return DirectoryStore(
+            root,
+            max_session_bytes=settings.max_state_mb * 2**20,
+            max_total_bytes=settings.max_store_mb * 2**20,
+        )
 
     async def execute(
         self,

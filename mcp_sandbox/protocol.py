@@ -77,6 +77,8 @@ GUEST_RUNTIME_MODULE = "mcp_sandbox.backends.guest"
 OUTPUT_DIR = "output"
 #: The sandbox's read-only copy of the host's data folder (relative to its working directory).
 DATA_DIR = "data"
+#: Where a CPython worker writes and reads checkpoint files (relative to its working directory).
+CHECKPOINT_FOLDER = ".checkpoints"
 #: A program that leaves more files than this in output/ is not scanned further.
 MAX_SCANNED_FILES = 10_000
 #: Longest output file path a guest may report.
@@ -196,6 +198,8 @@ class InitMessage(TypedDict):
     packages_dir: NotRequired[str]
     allow_net: NotRequired[str]
     snapshot: NotRequired[str]
+    #: The one folder the runner writes, for checkpoint files; the sandbox never reaches it.
+    checkpoint_dir: NotRequired[str]
 
 
 class RunMessage(TypedDict):
@@ -239,8 +243,35 @@ class RecycleMessage(TypedDict):
     id: int
 
 
+class CheckpointMessage(TypedDict):
+    """Between runs, write the interpreter's state to ``file`` (a bare name): in the init's
+    ``checkpoint_dir`` (Pyodide), or in CHECKPOINT_FOLDER of the working directory (CPython);
+    answered by ``checkpointed`` with the same ``id``."""
+
+    type: Literal["checkpoint"]
+    id: int
+    file: str
+
+
+class RestoreMessage(TypedDict):
+    """Put the checkpoint in ``file`` (where ``checkpoint`` writes it; the runner deletes it)
+    into this sandbox, which must not have run a program since it started or was recycled;
+    answered by ``restored``. A sandbox whose restore failed must not be used again."""
+
+    type: Literal["restore"]
+    id: int
+    file: str
+
+
 HostMessage = (
-    InitMessage | RunMessage | InterruptMessage | JitWarmUpMessage | ToolResultMessage | RecycleMessage
+    InitMessage
+    | RunMessage
+    | InterruptMessage
+    | JitWarmUpMessage
+    | ToolResultMessage
+    | RecycleMessage
+    | CheckpointMessage
+    | RestoreMessage
 )
 
 # --- Runner -> host ---
@@ -305,6 +336,30 @@ class RecycledMessage(TypedDict):
     ms: float
 
 
+class CheckpointedMessage(TypedDict):
+    """The answer to checkpoint ``id``: ``saved`` (``bytes`` written), or why not (``reason``,
+    written for the caller: what they can do about it). ``lost``: what a restore will not bring
+    back (open files, pending timers)."""
+
+    type: Literal["checkpointed"]
+    id: int
+    saved: bool
+    reason: str | None
+    lost: list[str]
+    bytes: int
+    ms: float
+
+
+class RestoredMessage(TypedDict):
+    """The answer to restore ``id``: ``restored``, or why not (``reason``)."""
+
+    type: Literal["restored"]
+    id: int
+    restored: bool
+    reason: str | None
+    ms: float
+
+
 RunnerMessage = (
     ReadyMessage
     | ResultMessage
@@ -313,6 +368,8 @@ RunnerMessage = (
     | ProgressMessage
     | ToolCallMessage
     | RecycledMessage
+    | CheckpointedMessage
+    | RestoredMessage
 )
 
 
@@ -420,7 +477,35 @@ class WorkerRecycled(TypedDict):
     dataLost: bool
 
 
-WorkerMessage = WorkerInit | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage | WorkerRecycle
+class WorkerCheckpoint(TypedDict):
+    """Checkpoint ``id``: answered by a WorkerPost carrying ``nonce`` and, when saved, ``blob``;
+    its ``json`` is the CheckpointedMessage."""
+
+    type: Literal["checkpoint"]
+    id: int
+    nonce: str
+
+
+class WorkerRestore(TypedDict):
+    """Restore ``id`` from ``blob``: answered by a WorkerPost carrying ``nonce``; its ``json``
+    is the RestoredMessage."""
+
+    type: Literal["restore"]
+    id: int
+    nonce: str
+    blob: Uint8Array
+
+
+WorkerMessage = (
+    WorkerInit
+    | WorkerData
+    | RunMessage
+    | JitWarmUpMessage
+    | ToolResultMessage
+    | WorkerRecycle
+    | WorkerCheckpoint
+    | WorkerRestore
+)
 
 
 class WorkerPost(TypedDict):
@@ -433,6 +518,7 @@ class WorkerPost(TypedDict):
     exiting: bool
     syncCall: NotRequired[int]
     nonce: NotRequired[str]
+    blob: NotRequired[Uint8Array]
 
 
 #: Runner messages a worker may post between results; anything else without a run id is dropped.

@@ -103,13 +103,19 @@ def safe_output_path(path: str) -> str | None:
 
 def read_output_file(workdir: Path, path: str, limit: int) -> bytes | None:
     """output/`path` under `workdir`: at most `limit` + 1 bytes of a regular file really inside
-    output/, or None. The sandbox may still be running and swapping names for links (to a host
-    file, or /dev/zero), so each part of the path is opened without following links, from the
-    folder opened before it, and the file is read from the descriptor that was checked."""
+    output/, or None (see read_file_inside)."""
+    return read_file_inside(workdir / OUTPUT_DIR, path, limit)
+
+
+def read_file_inside(root: Path, path: str, limit: int) -> bytes | None:
+    """`path` under `root`: at most `limit` + 1 bytes of a regular file really inside `root`, or
+    None. The sandbox may still be running and swapping names for links (to a host file, or
+    /dev/zero), so each part of the path is opened without following links, from the folder
+    opened before it, and the file is read from the descriptor that was checked."""
     parts = path.split("/")
     no_links = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        folder = os.open(workdir / OUTPUT_DIR, os.O_RDONLY | os.O_DIRECTORY | no_links)
+        folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY | no_links)
     except OSError:
         return None
     try:
@@ -160,8 +166,18 @@ class ExecutionResult(BaseModel):
     )
     session_lost: bool = Field(
         False,
-        description="True when the sandbox had to be killed: the session's variables are gone "
-        "and its next call starts fresh.",
+        description="True when the sandbox had to be killed and the session had no checkpoint: its "
+        "variables are gone and its next call starts fresh.",
+    )
+    session_restored: bool = Field(
+        False,
+        description="True when the sandbox had to be killed (or was hibernated, or the server restarted) "
+        "and the session was brought back from its last checkpoint: `restored_from_call` says which.",
+    )
+    restored_from_call: int | None = Field(
+        None,
+        description="With session_restored: the session's call whose state was brought back "
+        "(1 is its first call); work done after it is gone.",
     )
     files: list[OutputFile] = Field(
         [],

@@ -8,11 +8,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
+import anyio.abc
 
-from mcp_sandbox.backends.base import Executor
+from mcp_sandbox.backends.base import Backend, Executor
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
+from mcp_sandbox.store import DirectoryStore, SavedState, StateUnusable, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +22,9 @@ logger = logging.getLogger(__name__)
 SWEEP_INTERVAL = 5.0
 #: Seconds between progress reports of a running call.
 PROGRESS_INTERVAL = 1.0
+#: A session is checkpointed once it has been idle this long: calls sent back to back never
+#: wait behind one.
+CHECKPOINT_QUIET = 0.5
 
 #: Receives (seconds elapsed, latest line of output) while a call runs.
 ProgressReport = Callable[[float, str | None], Awaitable[None]]
@@ -48,6 +53,15 @@ class ProgressRelay:
                 return
 
 
+@dataclass
+class Resumed:
+    """How a session without a sandbox got one: from its checkpoint after `from_call`, or fresh
+    (None); `notes` tell the caller."""
+
+    from_call: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
 class SessionLimitReached(Exception):
     """Every session slot is taken."""
 
@@ -58,6 +72,14 @@ class Session:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     executor: Executor | None = None
     last_used: float = field(default_factory=time.monotonic)
+    #: Calls that ran to an end in this session (its state is "after call `calls`").
+    calls: int = 0
+    #: The call whose state the store holds (0: none).
+    saved_call: int = 0
+    #: Said in the session's next result: what happened to it in between (a checkpoint refused).
+    notes: list[str] = field(default_factory=list)
+    #: Why its last checkpoint was refused, said once rather than after every call.
+    refused: str | None = None
 
 
 class SessionPool:
@@ -67,19 +89,28 @@ class SessionPool:
     afterwards, to be recycled (reset in place) or closed, so nothing it did can reach a later
     call. A session keeps its sandbox; calls in one session run one at a time, calls in
     different sessions run side by side. An ended session's sandbox goes back the same way.
+
+    With a store, a session's state is checkpointed once it is idle, and a session whose
+    sandbox is killed comes back from its last checkpoint in a new sandbox.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, store: DirectoryStore | None = None) -> None:
         self._pool: ReadyPool | None = None
+        self._backend: Backend | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
         self._settings = settings
+        self._store = store
         self._sessions: dict[str, Session] = {}
         #: Where each running executor's output lines go (its call's progress relay).
         self._relays: dict[Executor, ProgressRelay] = {}
         self._closing = False
 
-    def attach(self, pool: ReadyPool) -> None:
-        """The pool sandboxes come from (made after the backend, which takes `on_progress`)."""
-        self._pool = pool
+    def attach(
+        self, pool: ReadyPool, backend: Backend | None = None, task_group: anyio.abc.TaskGroup | None = None
+    ) -> None:
+        """The pool sandboxes come from (made after the backend, which takes `on_progress`); the
+        backend checkpoints are saved as, and the task group they are taken in (none: no checkpoints)."""
+        self._pool, self._backend, self._task_group = pool, backend, task_group
 
     def on_progress(self, executor: Executor, line: str) -> None:
         """The executors' progress hook: a line its running program printed."""
@@ -91,6 +122,11 @@ class SessionPool:
     def _ready_pool(self) -> ReadyPool:
         assert self._pool is not None, "attach a pool first"
         return self._pool
+
+    def saved_call(self, session_id: str) -> int:
+        """The call whose state the session's last checkpoint holds (0: none yet)."""
+        session = self._sessions.get(session_id)
+        return session.saved_call if session is not None else 0
 
     async def run(
         self,
@@ -117,23 +153,119 @@ class SessionPool:
             session = self._sessions[session_id] = Session(session_id)
         async with session.lock:
             try:
+                resumed = Resumed()
                 if session.executor is None or not session.executor.alive:
                     if session.executor is not None:
                         await session.executor.close()
-                    session.executor = await self._ready_pool.acquire()
+                        session.executor = None
+                    resumed = await self._resume(session)
+                    if session.executor is None:
+                        session.executor = await self._ready_pool.acquire()
                 result = await self._run_in(session.executor, code, timeout, progress)
                 if result.session_lost:
                     await session.executor.close()
                     session.executor = None
+                    resumed = await self._resume(session, killed=True)
                 else:
+                    session.calls += 1
                     await session.executor.jit_warm_up()
-                return result.model_copy(update={"session_id": session_id})
+                    self._checkpoint_when_idle(session)
+                update: dict[str, object] = {
+                    "session_id": session_id,
+                    "notes": [*session.notes, *resumed.notes, *result.notes],
+                }
+                session.notes.clear()
+                if resumed.from_call is not None:
+                    update |= {
+                        "session_lost": False,
+                        "session_restored": True,
+                        "restored_from_call": resumed.from_call,
+                    }
+                return result.model_copy(update=update)
             finally:
                 session.last_used = time.monotonic()
                 if self._sessions.get(session_id) is not session and session.executor is not None:
                     # Reset while this call waited or ran: the sandbox belongs to nobody now.
                     await self._ready_pool.release(session.executor)
                     session.executor = None
+
+    async def _resume(self, session: Session, *, killed: bool = False) -> Resumed:
+        """Give a session without a sandbox a new one holding its last checkpoint, if it has one."""
+        if self._store is None or self._backend is None:
+            return Resumed()
+        store, backend = self._store, self._backend
+        try:
+            state = await anyio.to_thread.run_sync(store.load, session.session_id)
+        except StateUnusable as error:
+            await anyio.to_thread.run_sync(store.delete, session.session_id)
+            session.saved_call = 0
+            return Resumed(
+                notes=[f"the session's saved state could not be used ({error}), so it starts fresh"]
+            )
+        if state is None:
+            return Resumed(
+                notes=["the session had no checkpoint yet, so its variables are gone"] if killed else []
+            )
+        if state.backend != backend.name or state.build != backend.build:
+            await anyio.to_thread.run_sync(store.delete, session.session_id)
+            return Resumed(
+                notes=[
+                    f"the session's saved state is from another sandbox build ({state.build}; this "
+                    f"server runs {backend.build}), so it starts fresh"
+                ]
+            )
+        executor = await self._ready_pool.acquire()
+        reason = await executor.restore(state.payload)
+        if reason is not None:
+            await self._ready_pool.release(executor)
+            return Resumed(
+                notes=[f"the session's checkpoint could not be restored ({reason}), so it starts fresh"]
+            )
+        session.executor = executor
+        session.calls = session.saved_call = state.call
+        said = f"the session was restored from its checkpoint after call {state.call}"
+        if killed:
+            said += "; what later calls did is gone"
+        return Resumed(from_call=state.call, notes=[said, *state.lost])
+
+    def _checkpoint_when_idle(self, session: Session) -> None:
+        backend, group = self._backend, self._task_group
+        if self._store and backend and backend.saves_sessions and group and self._settings.checkpoints:
+            group.start_soon(self._checkpoint, session, session.calls)
+
+    async def _checkpoint(self, session: Session, call: int) -> None:
+        """Save the session's state after `call`, unless another call came first (which will)."""
+        await anyio.sleep(CHECKPOINT_QUIET)
+        if (
+            session.lock.locked()
+            or session.calls != call
+            or self._sessions.get(session.session_id) is not session
+        ):
+            return
+        assert self._store is not None and self._backend is not None
+        async with session.lock:
+            executor = session.executor
+            if session.calls != call or executor is None or not executor.alive or self._closing:
+                return
+            saved = await executor.checkpoint()
+            if not isinstance(saved, str):
+                state = SavedState(self._backend.name, self._backend.build, saved.payload, call, saved.lost)
+                try:
+                    await anyio.to_thread.run_sync(self._store.save, session.session_id, state)
+                    session.saved_call, session.refused = call, None
+                    return
+                except StoreError as error:
+                    saved = str(error)
+            if saved != session.refused:
+                session.refused = saved
+                kept = (
+                    f" (a restore brings back its state after call {session.saved_call})"
+                    if session.saved_call
+                    else ""
+                )
+                session.notes.append(
+                    f"the session's state after call {call} was not checkpointed{kept}: {saved}"
+                )
 
     async def _run_in(
         self, executor: Executor, code: str, timeout: float, progress: ProgressReport | None
@@ -151,8 +283,10 @@ class SessionPool:
         return result
 
     async def reset(self, session_id: str) -> bool:
-        """Forget a session and stop its sandbox; True if it existed."""
+        """Forget a session, stop its sandbox and delete its saved state; True if it existed."""
         session = self._sessions.pop(session_id, None)
+        if self._store is not None:
+            await anyio.to_thread.run_sync(self._store.delete, session_id)
         if session is None:
             return False
         if session.executor is not None:
@@ -178,5 +312,8 @@ class SessionPool:
 
     async def close(self) -> None:
         self._closing = True
-        for session_id in list(self._sessions):
-            await self.reset(session_id)
+        for session in list(self._sessions.values()):
+            # Stopped, not ended: their saved state stays for the next server on this store.
+            self._sessions.pop(session.session_id, None)
+            if session.executor is not None:
+                await session.executor.close()

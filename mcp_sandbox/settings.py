@@ -70,6 +70,23 @@ class Settings(BaseSettings):
         "caller gets a new process (about 0.4 s of a core each). docs/clean-sandbox.md says what is reset "
         "and what is checked.",
     )
+    checkpoints: bool = Field(
+        True,
+        description="pyodide, subprocess: save each session's state once it is idle after a call, so a "
+        "sandbox killed (memory limit, a timeout's grace period, a crash) or a server restarted (with "
+        "state_dir) brings the session back from its last checkpoint instead of losing it.",
+    )
+    state_dir: Path | None = Field(
+        None,
+        description="Folder for saved sessions (mode 0700): with it, a restarted server, or another "
+        "instance sharing the folder, resumes them; unset: a private temporary folder removed at exit.",
+    )
+    max_state_mb: int = Field(
+        512, ge=1, description="Largest state one session's checkpoint may hold, in MB (before compression)."
+    )
+    max_store_mb: int = Field(
+        8192, ge=1, description="Disk all saved sessions together may use, in MB (compressed)."
+    )
     pyodide_warm_up_rounds: int = Field(
         100,
         ge=0,
@@ -149,6 +166,7 @@ class Settings(BaseSettings):
         "audit_log",
         "save_code",
         "bridge_config",
+        "state_dir",
     )
     @classmethod
     def _absolute(cls, path: Path | None) -> Path | None:

@@ -43,6 +43,8 @@ class ExecutorLimits:
     grace: float
     #: Bridged tool calls one run may make.
     max_tool_calls: int
+    #: The largest checkpoint read back from a sandbox, in bytes.
+    max_state_bytes: int = 512 * 2**20
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ExecutorLimits:
@@ -50,7 +52,7 @@ class ExecutorLimits:
             "max_output_chars": settings.max_output_chars,
             "output": settings.output_limits(),
         }
-        return cls(guest, settings.interrupt_grace, settings.bridge_max_calls)
+        return cls(guest, settings.interrupt_grace, settings.bridge_max_calls, settings.max_state_mb * 2**20)
 
     @property
     def max_output_chars(self) -> int:
@@ -94,6 +96,15 @@ Deliver = Callable[[int, str], Awaitable[None]]
 
 #: A reply that cannot reach a sandbox in this long is dropped: the sandbox is stuck or gone.
 DELIVER_LIMIT = 2.0
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A sandbox's state as its backend saved it: opaque to the host (a memory image, or a
+    pickle only a sandbox unpickles), and what a restore of it will not bring back."""
+
+    payload: bytes
+    lost: tuple[str, ...] = ()
 
 
 class ToolCalls:
@@ -186,6 +197,16 @@ class Executor(ABC):
         """Put the sandbox back into its clean state in place, between runs, so another caller can
         use it: None when done, else why it cannot be (the caller then closes it)."""
         return f"{self.backend} sandboxes are not recycled"
+
+    async def checkpoint(self) -> Checkpoint | str:
+        """The interpreter's state between runs, as data another sandbox of this backend can
+        `restore`; or why it cannot be saved now, in words for the caller (what to do about it)."""
+        return f"{self.backend} sandboxes do not save their state"
+
+    async def restore(self, state: bytes) -> str | None:
+        """Put a checkpoint's state into this sandbox, which has run nothing since it started or
+        was recycled: None when done, else why not (the caller then closes it)."""
+        return f"{self.backend} sandboxes do not restore saved state"
 
     async def jit_warm_up(self) -> None:  # noqa: B027 - optional: only a JIT-compiled runtime needs it
         """Use idle time to make the next calls faster; returns at once. Called for sandboxes
@@ -291,6 +312,8 @@ class Backend(ABC):
 
     #: Whether its executors can be reset in place (`Executor.recycle`) and reused.
     recycles: ClassVar[bool] = False
+    #: Whether its executors save and restore sessions (`Executor.checkpoint`, `restore`).
+    saves_sessions: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, hooks: ExecutorHooks) -> None:
         self._settings = settings
@@ -299,6 +322,11 @@ class Backend(ABC):
 
     async def prepare(self) -> None:  # noqa: B027 - an optional hook, not every backend has set-up
         """One-time set-up before the first `start` (fetching a runtime, say)."""
+
+    @property
+    def build(self) -> str:
+        """What saved state depends on: a checkpoint restores only into a backend of the same build."""
+        return self.name
 
     @abstractmethod
     async def start(self) -> Executor:

@@ -185,6 +185,28 @@ class ProcessExecutor(Executor):
                 )
             # Anything else is stale or forged by the sandbox itself: it only concerns this run.
 
+    async def _between_runs(
+        self, request: dict[str, str], answer: str, timeout: float
+    ) -> dict[str, Any] | str:
+        """Send a request between runs (recycle, checkpoint, restore) and wait for its answer:
+        the message, or why there is none."""
+        if not self.alive:
+            return "the sandbox is not alive"
+        self._drain_stale_messages()
+        self._run_id += 1
+        try:
+            await self._send({**request, "id": self._run_id})  # type: ignore[arg-type]
+            with anyio.fail_after(timeout):
+                while True:
+                    message = await self._next_message()
+                    if not isinstance(message, Malformed) and message["type"] == answer:
+                        if message.get("id") == self._run_id:
+                            return dict(message)
+        except SandboxDied as error:
+            return f"the sandbox died: {error}"
+        except TimeoutError:
+            return f"the sandbox did not answer within {timeout:g} s"
+
     def _drain_stale_messages(self) -> None:
         """Drop what arrived between runs: a program may leave a timer that forges messages."""
         while True:

@@ -13,19 +13,35 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import ClassVar
 
 import anyio
 import anyio.abc
 
-from mcp_sandbox.backends.base import Backend, Executor, ExecutorHooks, SandboxDied, SandboxStartError
-from mcp_sandbox.backends.process import MB, Malformed, ProcessExecutor, start_process_executor
+from mcp_sandbox.backends.base import (
+    Backend,
+    Checkpoint,
+    Executor,
+    ExecutorHooks,
+    SandboxDied,
+    SandboxStartError,
+)
+from mcp_sandbox.backends.process import (
+    GUEST_MODULES,
+    MB,
+    ProcessExecutor,
+    start_process_executor,
+)
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
 #: Seconds a recycle may take before the sandbox is given up (a reset takes milliseconds).
 RECYCLE_TIMEOUT = 5.0
+#: Seconds a checkpoint or a restore may take (they take tens of milliseconds).
+CHECKPOINT_TIMEOUT = 20.0
 
 
 #: The Deno runner's files (runner.ts, worker.ts, ...) live beside this module, in the wheel too.
@@ -61,6 +77,7 @@ def find_deno(settings: Settings) -> Path | None:
 class PyodideBackend(Backend):
     name: ClassVar[str] = "pyodide"
     recycles: ClassVar[bool] = True
+    saves_sessions: ClassVar[bool] = True
 
     def __init__(
         self, settings: Settings, hooks: ExecutorHooks, task_group: anyio.abc.TaskGroup, deno: Path
@@ -73,6 +90,7 @@ class PyodideBackend(Backend):
         self._version = pyodide_version()
         self._pyodide_dir: Path | None = None
         self._snapshot: Path | None = None
+        self._build: str | None = None
 
     def _sandbox_env(self) -> dict[str, str]:
         # The sandbox process gets a bare environment: nothing of the host's reaches even the runner.
@@ -109,6 +127,7 @@ class PyodideBackend(Backend):
             raise SandboxStartError(f"Pyodide {self._version} is not in the Deno cache at {self._deno_dir}")
         self._pyodide_dir = found[0]
         self._snapshot = await self._make_snapshot()
+        self._build = self._build_id()
         logger.info(
             "Pyodide %s ready in %s, runner in %s%s",
             self._version,
@@ -116,6 +135,22 @@ class PyodideBackend(Backend):
             self._runner,
             " (sandboxes start from a memory snapshot)" if self._snapshot else "",
         )
+
+    @property
+    def build(self) -> str:
+        if self._build is None:
+            raise SandboxStartError("PyodideBackend.prepare() has not run")
+        return self._build
+
+    def _build_id(self) -> str:
+        """What a checkpoint's memory layout depends on: Pyodide, the snapshot, the runner, the
+        guest runtime and the limits it is started with. Another value cannot restore it."""
+        digest = hashlib.sha256(self._version.encode())
+        digest.update(str(self._snapshot.name if self._snapshot else None).encode())
+        for path in sorted(self._runner.glob("*.ts")):
+            digest.update(path.read_bytes())
+        digest.update(json.dumps([GUEST_MODULES, self._limits.guest], sort_keys=True).encode())
+        return f"pyodide-{self._version}-{digest.hexdigest()[:16]}"
 
     async def _make_snapshot(self) -> Path | None:
         """The memory snapshot sandboxes restore instead of loading Pyodide from scratch, made
@@ -157,7 +192,7 @@ class PyodideBackend(Backend):
             raise SandboxStartError("PyodideBackend.prepare() has not run")
         return self._pyodide_dir / "pyodide-lock.json"
 
-    def command(self) -> list[str]:
+    def command(self, checkpoint_dir: Path) -> list[str]:
         if self._pyodide_dir is None:
             raise SandboxStartError("PyodideBackend.prepare() has not run")
         return [
@@ -172,7 +207,9 @@ class PyodideBackend(Backend):
             "--config",
             str(self._runner / "deno.json"),
             # Only what loading the runner and Pyodide needs, and the data folder; all else is denied.
-            "--allow-read=" + ",".join(str(path) for path in self._readable()),
+            "--allow-read=" + ",".join(str(path) for path in [*self._readable(), checkpoint_dir]),
+            # The runner's own checkpoint files; its worker, where sandboxed code runs, writes nothing.
+            f"--allow-write={checkpoint_dir}",
             *([f"--allow-net={self._settings.allow_net}"] if self._settings.allow_net else []),
             str(self._runner / "runner.ts"),
         ]
@@ -186,10 +223,16 @@ class PyodideBackend(Backend):
         return [path for path in readable if path is not None]
 
     async def start(self) -> Executor:
-        # cwd "/": the sandbox learns nothing from where the server was started.
-        process = await anyio.open_process(
-            self.command(), env=self._sandbox_env(), cwd="/", start_new_session=True
-        )
+        # Private (0700) and local: checkpoints pass through it on their way to the store.
+        checkpoint_dir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-checkpoint-"))
+        try:
+            # cwd "/": the sandbox learns nothing from where the server was started.
+            process = await anyio.open_process(
+                self.command(checkpoint_dir), env=self._sandbox_env(), cwd="/", start_new_session=True
+            )
+        except BaseException:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+            raise
         settings = self._settings
         assert self._pyodide_dir is not None
         folders = {"pyodide_dir": str(self._pyodide_dir)}
@@ -201,7 +244,9 @@ class PyodideBackend(Backend):
             folders["allow_net"] = settings.allow_net
         if self._snapshot is not None:
             folders["snapshot"] = str(self._snapshot)
+        folders["checkpoint_dir"] = str(checkpoint_dir)
         executor = PyodideExecutor(process, self._limits, self._hooks, **folders)
+        executor.checkpoint_dir = checkpoint_dir
         executor.jit_warm_up_rounds = settings.pyodide_warm_up_rounds
         return await start_process_executor(
             executor, self._task_group, settings.start_timeout, memory_limit=settings.memory_mb * MB
@@ -231,26 +276,67 @@ class PyodideExecutor(ProcessExecutor):
             with contextlib.suppress(SandboxDied):  # a dead sandbox is found out by its next call
                 await self._send({"type": "jit_warm_up", "rounds": self.jit_warm_up_rounds})
 
+    checkpoint_dir: Path | None = None
+
     async def recycle(self) -> str | None:
-        if not self.alive:
-            return "it is not alive"
-        self._drain_stale_messages()
-        self._run_id += 1
-        try:
-            await self._send({"type": "recycle", "id": self._run_id})
-            with anyio.fail_after(RECYCLE_TIMEOUT):
-                while True:
-                    message = await self._next_message()
-                    if isinstance(message, Malformed):
-                        continue
-                    if message["type"] == "recycled" and message["id"] == self._run_id:
-                        break
-        except SandboxDied as error:
-            return f"it died: {error}"
-        except TimeoutError:
-            return f"it did not answer within {RECYCLE_TIMEOUT:g} s"
+        message = await self._between_runs({"type": "recycle"}, "recycled", RECYCLE_TIMEOUT)
+        if isinstance(message, str):
+            return message
         if not message["clean"]:
-            return message["reason"] or "it is not clean"
+            return str(message["reason"] or "it is not clean")
         logger.debug("%s sandbox %d recycled in %.1f ms", self.backend, self.pid, message["ms"])
         self._tools_version = -1  # the guest's `tools` went with the rest of its state
         return None
+
+    async def checkpoint(self) -> Checkpoint | str:
+        assert self.checkpoint_dir is not None
+        name = f"checkpoint-{self._run_id + 1}"
+        request = {"type": "checkpoint", "file": name}
+        message = await self._between_runs(request, "checkpointed", CHECKPOINT_TIMEOUT)
+        path = self.checkpoint_dir / name
+        if isinstance(message, str):
+            path.unlink(missing_ok=True)
+            return message
+        if not message["saved"]:
+            return str(message["reason"] or "the sandbox did not say why")
+        try:
+            payload = await anyio.to_thread.run_sync(_take_file, path)
+        except OSError as error:
+            return f"the checkpoint file could not be read: {error}"
+        logger.debug(
+            "%s sandbox %d checkpointed %d bytes in %.1f ms",
+            self.backend,
+            self.pid,
+            len(payload),
+            message["ms"],
+        )
+        return Checkpoint(payload, tuple(message["lost"]))
+
+    async def restore(self, state: bytes) -> str | None:
+        assert self.checkpoint_dir is not None
+        name = f"restore-{self._run_id + 1}"
+        try:
+            await anyio.to_thread.run_sync((self.checkpoint_dir / name).write_bytes, state)
+        except OSError as error:
+            return f"the checkpoint could not be handed to the sandbox: {error}"
+        message = await self._between_runs({"type": "restore", "file": name}, "restored", CHECKPOINT_TIMEOUT)
+        if isinstance(message, str):
+            return message
+        if not message["restored"]:
+            return str(message["reason"] or "the sandbox did not say why")
+        logger.debug("%s sandbox %d restored in %.1f ms", self.backend, self.pid, message["ms"])
+        self._tools_version = -1  # the guest's `tools` are the checkpoint's
+        return None
+
+    async def close(self) -> None:
+        await super().close()
+        if self.checkpoint_dir is not None:
+            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+
+
+def _take_file(path: Path) -> bytes:
+    """A file's bytes, and the file gone."""
+    try:
+        return path.read_bytes()
+    finally:
+        path.unlink(missing_ok=True)

@@ -57,6 +57,7 @@ export type InitMessage = {
   packages_dir?: string;
   allow_net?: string;
   snapshot?: string;
+  checkpoint_dir?: string;
 };
 
 export type RunMessage = {
@@ -87,13 +88,27 @@ export type RecycleMessage = {
   id: number;
 };
 
+export type CheckpointMessage = {
+  type: "checkpoint";
+  id: number;
+  file: string;
+};
+
+export type RestoreMessage = {
+  type: "restore";
+  id: number;
+  file: string;
+};
+
 export type HostMessage =
   | InitMessage
   | RunMessage
   | InterruptMessage
   | JitWarmUpMessage
   | ToolResultMessage
-  | RecycleMessage;
+  | RecycleMessage
+  | CheckpointMessage
+  | RestoreMessage;
 
 export type ReadyMessage = {
   type: "ready";
@@ -140,6 +155,24 @@ export type RecycledMessage = {
   ms: number;
 };
 
+export type CheckpointedMessage = {
+  type: "checkpointed";
+  id: number;
+  saved: boolean;
+  reason: string | null;
+  lost: string[];
+  bytes: number;
+  ms: number;
+};
+
+export type RestoredMessage = {
+  type: "restored";
+  id: number;
+  restored: boolean;
+  reason: string | null;
+  ms: number;
+};
+
 export type RunnerMessage =
   | ReadyMessage
   | ResultMessage
@@ -147,7 +180,9 @@ export type RunnerMessage =
   | FatalMessage
   | ProgressMessage
   | ToolCallMessage
-  | RecycledMessage;
+  | RecycledMessage
+  | CheckpointedMessage
+  | RestoredMessage;
 
 export type WorkerInit = {
   type: "init";
@@ -186,13 +221,28 @@ export type WorkerRecycled = {
   dataLost: boolean;
 };
 
+export type WorkerCheckpoint = {
+  type: "checkpoint";
+  id: number;
+  nonce: string;
+};
+
+export type WorkerRestore = {
+  type: "restore";
+  id: number;
+  nonce: string;
+  blob: Uint8Array;
+};
+
 export type WorkerMessage =
   | WorkerInit
   | WorkerData
   | RunMessage
   | JitWarmUpMessage
   | ToolResultMessage
-  | WorkerRecycle;
+  | WorkerRecycle
+  | WorkerCheckpoint
+  | WorkerRestore;
 
 export type WorkerPost = {
   id: number | null;
@@ -200,4 +250,5 @@ export type WorkerPost = {
   exiting: boolean;
   syncCall?: number;
   nonce?: string;
+  blob?: Uint8Array;
 };

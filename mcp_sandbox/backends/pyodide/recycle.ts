@@ -8,7 +8,7 @@
 // not recycled; the host replaces it with a new process.
 import type { PyodideInterface } from "pyodide";
 
-type FSNode = {
+export type FSNode = {
   name: string;
   mode: number;
   ctime: number;
@@ -17,13 +17,23 @@ type FSNode = {
   parent: FSNode;
   mounted: unknown;
 };
-type FSStream = { fd: number };
+type FSStream = { fd: number; path?: string };
 type EmscriptenFS = {
   streams: (FSStream | null)[];
   ignorePermissions: boolean;
   lookupPath(path: string, options: { follow: boolean }): { node: FSNode };
   readdir(path: string): string[];
   isDir(mode: number): boolean;
+  isFile(mode: number): boolean;
+  isLink(mode: number): boolean;
+  analyzePath(path: string, dontResolveLastLink: boolean): { exists: boolean };
+  readFile(path: string): Uint8Array;
+  readlink(path: string): string;
+  writeFile(path: string, data: Uint8Array): void;
+  mkdir(path: string, mode: number): void;
+  symlink(target: string, path: string): void;
+  chmod(path: string, mode: number): void;
+  utime(path: string, atime: number, mtime: number): void;
   unlink(path: string): void;
   rmdir(path: string): void;
   close(stream: FSStream): void;
@@ -32,6 +42,8 @@ type EmscriptenFS = {
 };
 type Module = {
   HEAP8: Int8Array;
+  _malloc(size: number): number;
+  _free(pointer: number): void;
   stackSave(): number;
   stackRestore(pointer: number): void;
   __hiwire_get(index: number): unknown;
@@ -198,7 +210,7 @@ function realmChange(clean: Map<object, Shape>): string | null {
 }
 
 // The file system when clean: each node by path, with the times that any change moves.
-type NodeRecord = { node: FSNode; mode: number; ctime: number; mtime: number; atime: number };
+export type NodeRecord = { node: FSNode; mode: number; ctime: number; mtime: number; atime: number };
 
 function fileTree(FS: EmscriptenFS, root: string, skip: Set<string>): Map<string, NodeRecord> {
   const tree = new Map<string, NodeRecord>();
@@ -241,17 +253,18 @@ export function taint(reason: string): void {
 export type RecycleOutcome = { clean: true; dataLost: boolean } | { clean: false; reason: string };
 
 export class CleanState {
-  private readonly module: Module;
-  private readonly memory: Uint8Array;
-  private readonly stackPointer: number;
-  private readonly table: unknown[];
-  private readonly wasmTableLength: number;
-  private readonly libraries: number;
+  // Read by checkpoint.ts too: a checkpoint is the difference from this clean point.
+  readonly module: Module;
+  readonly memory: Uint8Array;
+  readonly stackPointer: number;
+  readonly table: unknown[];
+  readonly wasmTableLength: number;
+  readonly libraries: number;
   private readonly realm: Map<object, Shape>;
-  private readonly files: Map<string, NodeRecord>;
+  readonly files: Map<string, NodeRecord>;
   // Not restored with the rest of the tree: data/ has its own check, /proc and /dev are devices.
-  private readonly skipped: Set<string>;
-  private readonly streams: Set<number>;
+  readonly skipped: Set<string>;
+  readonly streams: Set<number>;
   private readonly cwd: string;
   private readonly registered: object[] = [];
   private readonly onmessage: unknown;
@@ -261,7 +274,7 @@ export class CleanState {
   // program does is either copied back, restored, or found by the checks.
   constructor(
     pyodide: PyodideInterface,
-    private readonly dataDir: string,
+    readonly dataDir: string,
     realmRoots: unknown[],
   ) {
     const module = (pyodide as unknown as { _module: Module })._module;

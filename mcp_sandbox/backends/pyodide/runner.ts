@@ -5,12 +5,14 @@
 // while the worker is busy, and it alone knows the session token that marks genuine
 // lines on stdout: code in the worker can write to stdout, but cannot forge a token.
 import {
+  type CheckpointedMessage,
   EXIT_SANDBOX_GONE,
   type HostMessage,
   type InitMessage,
   INTERRUPT_SIGNAL,
   MAX_TOOL_REPLY_CHARS,
   PASSING_KINDS,
+  type RestoredMessage,
   type RunnerMessage,
   SYNC_DATA_INITIAL_BYTES,
   SYNC_INTERRUPTED,
@@ -18,12 +20,14 @@ import {
   SYNC_REPLY_MAX_BYTES,
   SYNC_REPLY_READY,
   SYNC_STATE,
+  type WorkerCheckpoint,
   type WorkerData,
   type WorkerInit,
   type WorkerMessage,
   type WorkerPost,
   type WorkerRecycle,
   type WorkerRecycled,
+  type WorkerRestore,
 } from "./protocol.ts";
 
 const PASSING = new Set<string>(PASSING_KINDS);
@@ -39,8 +43,20 @@ const interruptBuffer = new Uint8Array(new SharedArrayBuffer(1));
 const syncState = new Int32Array(new SharedArrayBuffer(8));
 const syncData = new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
 let pendingSyncCall: number | null = null;
-// The recycle in progress: only the worker's answer carrying this nonce counts (see recycle.ts).
-let recycleNonce: string | null = null;
+// The request between runs in progress (recycle, checkpoint, restore): only the worker's answer
+// carrying its nonce counts, and sandboxed code never sees the nonce, so it cannot forge one.
+let asked: { nonce: string; answer: (post: WorkerPost) => void } | null = null;
+
+function ask(message: WorkerRecycle | WorkerCheckpoint | WorkerRestore, answer: (post: WorkerPost) => void, transfer: ArrayBuffer[] = []): void {
+  asked = { nonce: message.nonce, answer };
+  worker?.postMessage(message, transfer);
+}
+
+// A checkpoint file's place: a bare name in the host's checkpoint folder, nowhere else.
+function checkpointPath(file: string): string | null {
+  const folder = init?.checkpoint_dir;
+  return folder && /^[A-Za-z0-9._-]+$/.test(file) && !file.startsWith(".") ? `${folder}/${file}` : null;
+}
 
 function wakeWorker(state: number): void {
   pendingSyncCall = null;
@@ -138,11 +154,10 @@ function startWorker(message: InitMessage): Worker {
   } as WorkerOptions);
   started.onmessage = (event: MessageEvent<WorkerPost>) => {
     const { id, json, exiting, syncCall, nonce } = event.data;
-    if (nonce !== undefined && nonce === recycleNonce) {
-      recycleNonce = null;
-      const { dataLost, ...answer } = JSON.parse(json) as WorkerRecycled;
-      if (dataLost) sentData.clear(); // the worker emptied data/: the next run sends all of it
-      sendMessage(answer);
+    if (nonce !== undefined && nonce === asked?.nonce) {
+      const { answer } = asked;
+      asked = null;
+      answer(event.data);
       return;
     }
     if (id === null) {
@@ -217,13 +232,51 @@ function handle(message: HostMessage): void {
     case "jit_warm_up":
       toWorker(message);
       break;
-    case "recycle": {
+    case "recycle":
       runningId = null;
       pendingSyncCall = null;
       Atomics.store(interruptBuffer, 0, 0);
-      recycleNonce = crypto.randomUUID();
-      const recycle: WorkerRecycle = { type: "recycle", id: message.id, nonce: recycleNonce };
-      toWorker(recycle);
+      ask({ type: "recycle", id: message.id, nonce: crypto.randomUUID() }, ({ json }) => {
+        const { dataLost, ...answer } = JSON.parse(json) as WorkerRecycled;
+        if (dataLost) sentData.clear(); // the worker emptied data/: the next run sends all of it
+        sendMessage(answer);
+      });
+      break;
+    case "checkpoint": {
+      const path = checkpointPath(message.file);
+      const refuse = (reason: string) =>
+        sendMessage({ type: "checkpointed", id: message.id, saved: false, reason, lost: [], bytes: 0, ms: 0 });
+      if (path === null) {
+        refuse("the host named no valid checkpoint file");
+        break;
+      }
+      ask({ type: "checkpoint", id: message.id, nonce: crypto.randomUUID() }, ({ json, blob }) => {
+        const answer = JSON.parse(json) as CheckpointedMessage;
+        if (answer.saved) {
+          try {
+            Deno.writeFileSync(path, blob!, { mode: 0o600 });
+          } catch (error) {
+            refuse(`the checkpoint could not be written: ${error}`);
+            return;
+          }
+        }
+        sendMessage(answer);
+      });
+      break;
+    }
+    case "restore": {
+      const path = checkpointPath(message.file);
+      let blob: Uint8Array;
+      try {
+        if (path === null) throw new Error("the host named no valid checkpoint file");
+        blob = Deno.readFileSync(path);
+        Deno.removeSync(path);
+      } catch (error) {
+        sendMessage({ type: "restored", id: message.id, restored: false, reason: String(error), ms: 0 });
+        break;
+      }
+      const restore: WorkerRestore = { type: "restore", id: message.id, nonce: crypto.randomUUID(), blob };
+      ask(restore, ({ json }) => sendMessage(JSON.parse(json) as RestoredMessage), [blob.buffer as ArrayBuffer]);
       break;
     }
     case "interrupt":

@@ -5,7 +5,9 @@
 import { loadPyodide, type PyodideInterface } from "pyodide";
 import { HOME, PYODIDE_OPTIONS } from "./options.ts";
 import { CleanState, guardRealm, hostSetTimeout, taint } from "./recycle.ts";
+import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
 import {
+  type CheckpointedMessage,
   DATA_DIR,
   GUEST_RUNTIME_MODULE,
   type GuestLimits,
@@ -13,18 +15,21 @@ import {
   JIT_WARM_UP_ROUNDS_AT_START,
   OUTPUT_DIR,
   REPLY_INTERRUPTED,
+  type RestoredMessage,
   type RunMessage,
   type RunnerMessage,
   SYNC_LENGTH,
   SYNC_REPLY_READY,
   SYNC_STATE,
   SYNC_WAITING,
+  type WorkerCheckpoint,
   type WorkerData,
   type WorkerInit,
   type WorkerMessage,
   type WorkerPost,
   type WorkerRecycle,
   type WorkerRecycled,
+  type WorkerRestore,
 } from "./protocol.ts";
 
 type PyCallable = ((...args: unknown[]) => unknown) & { destroy?: () => void };
@@ -40,6 +45,10 @@ let channel: PyChannel;
 let interruptBuffer: Uint8Array;
 let currentId: number | null = null;
 let clean: CleanState | null = null;
+// A program ran since the clean point (or the last recycle): a restore needs a clean sandbox.
+let ranSinceClean = false;
+// Names in the session's globals that hold JavaScript objects (a checkpoint's refusal names them).
+let jsHolders: PyCallable;
 const postToMain = self.postMessage.bind(self);
 
 function post(id: number | null, json: string, exiting = false, syncCall?: number): void {
@@ -306,6 +315,7 @@ async function init(message: WorkerInit): Promise<void> {
     [new URL(".", import.meta.url).pathname, "/runner"],
     [Deno.execPath(), "deno"],
   ]);
+  jsHolders = pyodide.runPython(JS_HOLDERS, { globals: pyodide.toPy({}) }) as PyCallable;
   const facade = limitPyodideModule();
   reportReachingPast();
   clean = new CleanState(pyodide, GUEST_DATA, [facade]);
@@ -320,6 +330,7 @@ async function init(message: WorkerInit): Promise<void> {
 async function run(message: RunMessage): Promise<void> {
   const id = message.id;
   currentId = id;
+  ranSinceClean = true;
   let outcome: unknown;
   let problems: string[] = [];
   try {
@@ -398,6 +409,63 @@ function recycle(message: WorkerRecycle): void {
     ms: Math.round((performance.now() - started) * 100) / 100,
     dataLost: outcome.clean && outcome.dataLost,
   };
+  if (outcome.clean) ranSinceClean = false;
+  postToMain({ id: null, json: JSON.stringify(reply), exiting: false, nonce: message.nonce } satisfies WorkerPost);
+}
+
+// Checkpoints (checkpoint.ts): the session's state as data, in idle time between runs.
+const JS_HOLDERS = `
+def _js_holders(interpreter):
+    import sys
+    from pyodide.ffi import JsProxy
+    modules = {id(module) for module in sys.modules.values()}  # "import js" holds nothing new
+    return [
+        name for name, value in interpreter.namespace.items()
+        if isinstance(value, JsProxy) and id(value) not in modules
+    ]
+_js_holders
+`;
+
+function checkpoint(message: WorkerCheckpoint): void {
+  const started = performance.now();
+  const holders = (): string[] => {
+    const names = jsHolders(interpreter) as { toJs(): string[]; destroy(): void };
+    try {
+      return names.toJs();
+    } finally {
+      names.destroy();
+    }
+  };
+  const outcome = clean === null ? { saved: false as const, reason: "the sandbox has no clean state" } : takeCheckpoint(clean, holders);
+  const reply: CheckpointedMessage = {
+    type: "checkpointed",
+    id: message.id,
+    saved: outcome.saved,
+    reason: outcome.saved ? null : outcome.reason,
+    lost: outcome.saved ? outcome.lost : [],
+    bytes: outcome.saved ? outcome.blob.length : 0,
+    ms: Math.round((performance.now() - started) * 100) / 100,
+  };
+  const post: WorkerPost = { id: null, json: JSON.stringify(reply), exiting: false, nonce: message.nonce };
+  if (outcome.saved) post.blob = outcome.blob;
+  postToMain(post, outcome.saved ? [outcome.blob.buffer as ArrayBuffer] : []);
+}
+
+function restore(message: WorkerRestore): void {
+  const started = performance.now();
+  warmUpLeft = 0;
+  let reason: string | null;
+  if (clean === null) reason = "the sandbox has no clean state";
+  else if (ranSinceClean) reason = "the sandbox has run a program since it was clean";
+  else reason = restoreCheckpoint(clean, message.blob as Uint8Array);
+  if (reason === null) ranSinceClean = true;
+  const reply: RestoredMessage = {
+    type: "restored",
+    id: message.id,
+    restored: reason === null,
+    reason,
+    ms: Math.round((performance.now() - started) * 100) / 100,
+  };
   postToMain({ id: null, json: JSON.stringify(reply), exiting: false, nonce: message.nonce } satisfies WorkerPost);
 }
 
@@ -451,6 +519,12 @@ async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }>):
       break;
     case "recycle":
       recycle(message);
+      break;
+    case "checkpoint":
+      checkpoint(message);
+      break;
+    case "restore":
+      restore(message);
       break;
     case "jit_warm_up":
       if (warmUpLeft <= 0) hostSetTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS);

@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from importlib import metadata
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,6 +25,7 @@ import anyio.abc
 
 from mcp_sandbox.backends.base import (
     Backend,
+    Checkpoint,
     Executor,
     ExecutorHooks,
     ExecutorLimits,
@@ -47,11 +49,13 @@ from mcp_sandbox.backends.subprocess.isolation import (
     kill_processes_of,
     python_readable_by_anyone,
 )
-from mcp_sandbox.protocol import DATA_DIR, GuestFile, ProcessLimits
-from mcp_sandbox.result import read_output_file
+from mcp_sandbox.protocol import CHECKPOINT_FOLDER, DATA_DIR, GuestFile, ProcessLimits
+from mcp_sandbox.result import read_file_inside, read_output_file
 from mcp_sandbox.settings import Settings
 
 WORKER = Path(__file__).resolve().with_name("worker.py")
+#: Seconds a checkpoint or a restore may take (pickling a large DataFrame takes a while).
+CHECKPOINT_TIMEOUT = 60.0
 #: No host variable reaches the worker; single-threaded maths keeps it inside RLIMIT_AS.
 WORKER_ENV = {"LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
@@ -60,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 class SubprocessBackend(Backend):
     name: ClassVar[str] = "subprocess"
+    saves_sessions: ClassVar[bool] = True
 
     def __init__(self, settings: Settings, hooks: ExecutorHooks, task_group: anyio.abc.TaskGroup) -> None:
         super().__init__(settings, hooks)
@@ -254,6 +259,15 @@ class SubprocessBackend(Backend):
         args += ["--seccomp", str(seccomp_fd), "--info-fd", str(info_fd), "--"]
         return args
 
+    @property
+    def build(self) -> str:
+        # A checkpoint is a pickle: it needs the same Python and the same pickler to load.
+        try:
+            pickler = f"cloudpickle-{metadata.version('cloudpickle')}"
+        except metadata.PackageNotFoundError:
+            pickler = "pickle"
+        return f"subprocess-python-{sys.version.split()[0]}-{pickler}"
+
     def describe(self) -> str:
         return (
             f"Python {sys.version.split()[0]} runs in a separate CPython process with the server's "
@@ -308,6 +322,40 @@ class SubprocessExecutor(ProcessExecutor):
     def _read_output_file(self, file: GuestFile, path: str, limit: int) -> bytes | None:
         return read_output_file(self._workdir, path, limit)
 
+    async def checkpoint(self) -> Checkpoint | str:
+        name = f"checkpoint-{self._run_id + 1}"
+        request = {"type": "checkpoint", "file": name}
+        message = await self._between_runs(request, "checkpointed", CHECKPOINT_TIMEOUT)
+        try:
+            if isinstance(message, str):
+                return message
+            if not message["saved"]:
+                return str(message["reason"] or "the sandbox did not say why")
+            limit = self.limits.max_state_bytes
+            folder = self._workdir / CHECKPOINT_FOLDER
+            payload = await anyio.to_thread.run_sync(read_file_inside, folder, name, limit)
+            if payload is None:
+                return "the checkpoint file could not be read back from the sandbox"
+            if len(payload) > limit:
+                return f"the session's state is over {limit // 2**20} MB (MCP_SANDBOX_MAX_STATE_MB)"
+            return Checkpoint(payload, tuple(message["lost"]))
+        finally:
+            await anyio.to_thread.run_sync(_remove_inside, self._workdir / CHECKPOINT_FOLDER, name)
+
+    async def restore(self, state: bytes) -> str | None:
+        name = f"restore-{self._run_id + 1}"
+        try:
+            await anyio.to_thread.run_sync(_hand_in, self._workdir / CHECKPOINT_FOLDER, name, state, self.uid)
+        except OSError as error:
+            return f"the checkpoint could not be handed to the sandbox: {error}"
+        message = await self._between_runs({"type": "restore", "file": name}, "restored", CHECKPOINT_TIMEOUT)
+        if isinstance(message, str):
+            return message
+        if not message["restored"]:
+            return str(message["reason"] or "the sandbox did not say why")
+        self._tools_version = -1  # the guest's `tools` are rebuilt from the catalog
+        return None
+
     async def interrupt(self) -> None:
         if self._process.returncode is None:
             try:
@@ -327,3 +375,31 @@ class SubprocessExecutor(ProcessExecutor):
         if self.uid is not None and self.uids is not None:
             self.uids.give_back(self.uid)
             self.uid = None
+
+
+def _remove_inside(folder: Path, name: str) -> None:
+    """Delete `folder`/`name` without following a link the sandbox may have put in its place."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.unlink(name, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _hand_in(folder: Path, name: str, data: bytes, uid: int | None) -> None:
+    """Write a checkpoint where a fresh worker (which has run nothing yet) reads it, as its own."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if uid is not None:
+            os.fchown(fd, uid, uid)
+            os.chown(folder, uid, uid, follow_symlinks=False)
+        with os.fdopen(fd, "wb", closefd=False) as file:
+            file.write(data)
+    finally:
+        os.close(fd)

@@ -112,7 +112,7 @@ class HostLink:
         for line in self._in:
             message = json.loads(line)
             kind = message.get("type")
-            if kind == "run":
+            if kind in ("run", "checkpoint", "restore"):  # in order, one at a time
                 self.runs.put(message)
             elif kind == "tool_result":
                 self.deliver(message["call"], message["reply"])
@@ -138,6 +138,32 @@ def finish(loop: asyncio.AbstractEventLoop, pending: Coroutine[Any, Any, str]) -
         with contextlib.suppress(BaseException):
             loop.run_until_complete(task)
         raise
+
+
+def between_runs(guest: Any, interpreter: Any, message: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint or a restore (the guest runtime does the work): the answer to send."""
+    started = time.monotonic()
+    kind, file = message["type"], str(message["file"])
+
+    def ms() -> float:
+        return round((time.monotonic() - started) * 1000, 2)
+
+    if "/" in file or file.startswith("."):
+        problem = "the host named no valid checkpoint file"
+    else:
+        try:
+            if kind == "checkpoint":
+                written, lost = guest.save_session(interpreter, file)
+                answer = {"saved": True, "reason": None, "lost": lost, "bytes": written}
+                return {"type": "checkpointed", "id": message["id"], **answer, "ms": ms()}
+            guest.load_session(interpreter, file)
+            return {"type": "restored", "id": message["id"], "restored": True, "reason": None, "ms": ms()}
+        except Exception as error:  # noqa: BLE001 - said to the host, which tells the caller
+            problem = f"{type(error).__name__}: {str(error)[:300]}"
+    if kind == "checkpoint":
+        answer = {"saved": False, "reason": problem, "lost": [], "bytes": 0}
+        return {"type": "checkpointed", "id": message["id"], **answer, "ms": ms()}
+    return {"type": "restored", "id": message["id"], "restored": False, "reason": problem, "ms": ms()}
 
 
 def main() -> None:
@@ -169,6 +195,9 @@ def main() -> None:
     link.send(json.dumps(ready))
 
     while (message := link.runs.get()) is not None:
+        if message["type"] != "run":
+            link.send(json.dumps(between_runs(guest, interpreter, message)))
+            continue
         running = True
         try:
             outcome = guest.run_json(interpreter, message["code"], message.get("tools"))

@@ -1,0 +1,291 @@
+// Checkpoints: a session's Python state as data, taken in idle time and put into another sandbox
+// (another process, another server) when its own is gone (docs/checkpoints.md).
+//
+// Every sandbox of one build reaches the same clean point from the same memory snapshot by the
+// same steps, so its WebAssembly memory there is the same, byte for byte apart from a few
+// timestamps. A checkpoint is therefore the memory pages that differ from the clean memory plus
+// the files the session made; restoring copies them over a clean sandbox. What lives only in
+// JavaScript cannot be carried: a checkpoint is refused while Python holds JavaScript objects or
+// native code was loaded, and it says what else is lost (open files; pending asyncio tasks and
+// timers are JavaScript's too).
+import type { CleanState } from "./recycle.ts";
+
+const MAGIC = "MCPSCKP1";
+const PAGE = 4096;
+const WORDS_PER_PAGE = PAGE / 4;
+//: Clean pages allowed to differ between the sandbox that took a checkpoint and the one that
+//: restores it (timestamps taken at start); more means the two did not start the same way.
+const MAX_CLEAN_DRIFT_PAGES = 64;
+const MAX_HEADER_BYTES = 64 * 1024 * 1024;
+
+type FileEntry = { path: string; kind: "file" | "dir" | "link"; mode: number; mtime: number; size: number; target?: string };
+
+type Header = {
+  // The clean point it was taken against: a sandbox with another one cannot restore it.
+  clean: { memory: number; stackPointer: number; table: number; wasmTable: number; libraries: number };
+  memory: number;
+  pages: number[];
+  files: FileEntry[];
+  removed: string[];
+  cwd: string;
+};
+
+export type CheckpointOutcome =
+  | { saved: true; blob: Uint8Array; lost: string[] }
+  | { saved: false; reason: string };
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+const pageHashes = new WeakMap<CleanState, Int32Array>();
+
+function hashPages(memory: Uint8Array, count: number): Int32Array {
+  const words = new Int32Array(memory.buffer, memory.byteOffset, count * WORDS_PER_PAGE);
+  const hashes = new Int32Array(count);
+  for (let page = 0; page < count; page++) {
+    let hash = 0;
+    const end = (page + 1) * WORDS_PER_PAGE;
+    for (let i = page * WORDS_PER_PAGE; i < end; i++) hash = (Math.imul(hash, 31) + words[i]) | 0;
+    hashes[page] = hash;
+  }
+  return hashes;
+}
+
+function cleanHashes(clean: CleanState): Int32Array {
+  let hashes = pageHashes.get(clean);
+  if (!hashes) pageHashes.set(clean, hashes = hashPages(clean.memory, clean.memory.length / PAGE));
+  return hashes;
+}
+
+function fingerprint(clean: CleanState): Header["clean"] {
+  return {
+    memory: clean.memory.length,
+    stackPointer: clean.stackPointer,
+    table: clean.table.length,
+    wasmTable: clean.wasmTableLength,
+    libraries: clean.libraries,
+  };
+}
+
+// Pages of `heap` that differ from the clean memory (pages past it: those not all zero).
+function changedPages(heap: Uint8Array, cleanMemory: Uint8Array): number[] {
+  const now = new Int32Array(heap.buffer, 0, heap.length / 4);
+  const before = new Int32Array(cleanMemory.buffer, cleanMemory.byteOffset, cleanMemory.length / 4);
+  const pages: number[] = [];
+  for (let page = 0; page < heap.length / PAGE; page++) {
+    const start = page * WORDS_PER_PAGE;
+    for (let i = start; i < start + WORDS_PER_PAGE; i++) {
+      if (now[i] !== (i < before.length ? before[i] : 0)) {
+        pages.push(page);
+        break;
+      }
+    }
+  }
+  return pages;
+}
+
+// Why Python's state cannot be carried to another sandbox now, or null.
+function whyNotPortable(clean: CleanState, jsHolders: () => string[]): string | null {
+  const module = clean.module;
+  if (module.wasmTable.length !== clean.wasmTableLength || Object.keys(module.LDSO.loadedLibsByName).length !== clean.libraries) {
+    return "a package with native code (a .so library) was loaded, and native code cannot be carried to another sandbox; " +
+      "restart the session (reset_session) and use pure-Python packages if it must survive";
+  }
+  if (module.stackSave() !== clean.stackPointer) return "Python is still running";
+  for (let i = 0; i < clean.table.length; i++) {
+    if (module.__hiwire_get(i) !== clean.table[i]) return jsObjectsHeld(jsHolders);
+  }
+  for (let i = clean.table.length;; i++) {
+    let value: unknown;
+    try {
+      value = module.__hiwire_get(i);
+    } catch {
+      break;
+    }
+    if (value !== undefined && value !== null) return jsObjectsHeld(jsHolders);
+  }
+  return null;
+}
+
+function jsObjectsHeld(jsHolders: () => string[]): string {
+  let names: string[] = [];
+  try {
+    names = jsHolders();
+  } catch { /* the names are a courtesy */ }
+  const which = names.length ? ` (${names.slice(0, 5).join(", ")})` : "";
+  return `variables hold JavaScript objects${which}, which cannot be carried to another sandbox; ` +
+    "convert them to Python values (.to_py()) or delete them (del name) and the next call is checkpointed";
+}
+
+function walkFiles(clean: CleanState): { entries: FileEntry[]; contents: Uint8Array[]; removed: string[] } {
+  const FS = clean.module.FS;
+  const entries: FileEntry[] = [];
+  const contents: Uint8Array[] = [];
+  const seen = new Set<string>();
+  const visit = (path: string): void => {
+    seen.add(path);
+    if (clean.skipped.has(path)) return; // data/ is the host's, /proc and /dev are devices
+    const node = FS.lookupPath(path, { follow: false }).node;
+    const before = clean.files.get(path);
+    const changed = !before || before.node !== node || before.mode !== node.mode || before.mtime !== node.mtime ||
+      before.ctime !== node.ctime;
+    if (FS.isDir(node.mode)) {
+      if (changed) entries.push({ path, kind: "dir", mode: node.mode, mtime: node.mtime, size: 0 });
+      for (const name of FS.readdir(path)) {
+        if (name !== "." && name !== "..") visit(path === "/" ? `/${name}` : `${path}/${name}`);
+      }
+    } else if (changed && FS.isLink(node.mode)) {
+      entries.push({ path, kind: "link", mode: node.mode, mtime: node.mtime, size: 0, target: FS.readlink(path) });
+    } else if (changed && FS.isFile(node.mode)) {
+      const bytes = FS.readFile(path);
+      entries.push({ path, kind: "file", mode: node.mode, mtime: node.mtime, size: bytes.length });
+      contents.push(bytes);
+    }
+  };
+  visit("/");
+  const removed = [...clean.files.keys()].filter((path) => !seen.has(path) && !insideSkipped(clean, path));
+  return { entries, contents, removed };
+}
+
+function insideSkipped(clean: CleanState, path: string): boolean {
+  for (const skipped of clean.skipped) if (path.startsWith(`${skipped}/`)) return true;
+  return false;
+}
+
+// What a restored session will not have: the files it has open.
+function whatIsLost(clean: CleanState): string[] {
+  const FS = clean.module.FS;
+  const lost: string[] = [];
+  const open = FS.streams.flatMap((stream, fd) => (stream && !clean.streams.has(fd) ? [(stream as { path?: string }).path ?? `fd ${fd}`] : []));
+  if (open.length) lost.push(`open files are closed in a restored session (${open.slice(0, 5).join(", ")})`);
+  return lost;
+}
+
+export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): CheckpointOutcome {
+  const reason = whyNotPortable(clean, jsHolders);
+  if (reason !== null) return { saved: false, reason };
+  const heap = new Uint8Array(clean.module.HEAP8.buffer);
+  const pages = changedPages(heap, clean.memory);
+  const { entries, contents, removed } = walkFiles(clean);
+  const header: Header = {
+    clean: fingerprint(clean),
+    memory: heap.length,
+    pages,
+    files: entries,
+    removed,
+    cwd: clean.module.FS.cwd(),
+  };
+  const head = encoder.encode(JSON.stringify(header));
+  const hashes = cleanHashes(clean);
+  const fileBytes = contents.reduce((total, bytes) => total + bytes.length, 0);
+  const size = MAGIC.length + 4 + head.length + hashes.byteLength + pages.length * PAGE + fileBytes;
+  const blob = new Uint8Array(size);
+  let at = 0;
+  const put = (bytes: Uint8Array): void => {
+    blob.set(bytes, at);
+    at += bytes.length;
+  };
+  put(encoder.encode(MAGIC));
+  new DataView(blob.buffer).setUint32(at, head.length, true);
+  at += 4;
+  put(head);
+  put(new Uint8Array(hashes.buffer));
+  for (const page of pages) put(heap.subarray(page * PAGE, (page + 1) * PAGE));
+  for (const bytes of contents) put(bytes);
+  return { saved: true, blob, lost: whatIsLost(clean) };
+}
+
+function parse(blob: Uint8Array, clean: CleanState): { header: Header; hashes: Int32Array; pagesAt: number; filesAt: number } | string {
+  if (blob.length < MAGIC.length + 4 || decoder.decode(blob.subarray(0, MAGIC.length)) !== MAGIC) return "it is not a checkpoint";
+  const headLength = new DataView(blob.buffer, blob.byteOffset).getUint32(MAGIC.length, true);
+  if (headLength > MAX_HEADER_BYTES || MAGIC.length + 4 + headLength > blob.length) return "its header is cut short";
+  let header: Header;
+  try {
+    header = JSON.parse(decoder.decode(blob.subarray(MAGIC.length + 4, MAGIC.length + 4 + headLength)));
+  } catch {
+    return "its header is not JSON";
+  }
+  const cleanPages = clean.memory.length / PAGE;
+  const pagesAt = MAGIC.length + 4 + headLength + cleanPages * 4;
+  if (JSON.stringify(header.clean) !== JSON.stringify(fingerprint(clean))) {
+    return "it was taken in a sandbox that started differently (another build or other settings)";
+  }
+  const pageCount = header.memory / PAGE;
+  if (!Number.isInteger(pageCount) || header.memory < clean.memory.length || header.memory > 2 ** 32) return "its memory size is invalid";
+  let previous = -1;
+  for (const page of header.pages) {
+    if (!Number.isInteger(page) || page <= previous || page >= pageCount) return "its page list is invalid";
+    previous = page;
+  }
+  for (const entry of header.files) {
+    if (typeof entry.path !== "string" || !entry.path.startsWith("/") || entry.path.split("/").includes("..")) return "a file path is invalid";
+    if (entry.path === clean.dataDir || entry.path.startsWith(`${clean.dataDir}/`) || insideSkipped(clean, entry.path)) return "a file path is invalid";
+    if (!["file", "dir", "link"].includes(entry.kind) || !Number.isInteger(entry.size) || entry.size < 0) return "a file entry is invalid";
+  }
+  const filesAt = pagesAt + header.pages.length * PAGE;
+  const fileBytes = header.files.reduce((total, entry) => total + entry.size, 0);
+  if (filesAt + fileBytes !== blob.length) return "its length does not match its header";
+  const hashes = new Int32Array(blob.slice(MAGIC.length + 4 + headLength, pagesAt).buffer);
+  return { header, hashes, pagesAt, filesAt };
+}
+
+// Puts a checkpoint into this sandbox, which must be at its clean point. Null when it worked;
+// otherwise why not, and the sandbox must not be used again (it may be half restored).
+export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string | null {
+  const parsed = parse(blob, clean);
+  if (typeof parsed === "string") return `the checkpoint cannot be restored: ${parsed}`;
+  const { header, hashes, pagesAt, filesAt } = parsed;
+  const own = cleanHashes(clean);
+  const stored = new Set(header.pages);
+  let drift = 0;
+  for (let page = 0; page < own.length; page++) if (own[page] !== hashes[page] && !stored.has(page)) drift++;
+  if (drift > MAX_CLEAN_DRIFT_PAGES) return `the checkpoint was taken in a sandbox whose clean memory differs in ${drift} pages`;
+  const module = clean.module;
+  // Grown the way the runtime grows it, so every view of the memory sees the new size.
+  while (module.HEAP8.length < header.memory) {
+    const pointer = module._malloc(header.memory - module.HEAP8.length);
+    if (!pointer) return `memory could not grow to ${header.memory} bytes`;
+    module._free(pointer);
+  }
+  const heap = new Uint8Array(module.HEAP8.buffer);
+  heap.set(clean.memory);
+  heap.fill(0, clean.memory.length);
+  header.pages.forEach((page, i) => heap.set(blob.subarray(pagesAt + i * PAGE, pagesAt + (i + 1) * PAGE), page * PAGE));
+  module.stackRestore(clean.stackPointer);
+  return restoreFiles(clean, header, blob.subarray(filesAt));
+}
+
+function restoreFiles(clean: CleanState, header: Header, contents: Uint8Array): string | null {
+  const FS = clean.module.FS;
+  FS.ignorePermissions = true;
+  try {
+    for (const path of [...header.removed].sort((a, b) => b.length - a.length)) {
+      const node = FS.lookupPath(path, { follow: false }).node;
+      if (FS.isDir(node.mode)) FS.rmdir(path);
+      else FS.unlink(path);
+    }
+    let at = 0;
+    for (const entry of header.files) {
+      const exists = FS.analyzePath(entry.path, true).exists;
+      if (entry.kind === "dir") {
+        if (!exists) FS.mkdir(entry.path, 0o700);
+      } else {
+        if (exists) FS.unlink(entry.path);
+        if (entry.kind === "link") FS.symlink(entry.target!, entry.path);
+        else FS.writeFile(entry.path, contents.subarray(at, at + entry.size));
+        at += entry.size;
+      }
+    }
+    // Modes and times last, deepest first: writing into a folder moves its time.
+    for (const entry of [...header.files].reverse()) {
+      if (entry.kind === "link") continue;
+      FS.chmod(entry.path, entry.mode & 0o7777);
+      FS.utime(entry.path, entry.mtime, entry.mtime);
+    }
+    FS.chdir(header.cwd);
+    return null;
+  } catch (error) {
+    return `the checkpoint's files could not be restored: ${error}`;
+  } finally {
+    FS.ignorePermissions = false;
+  }
+}

@@ -1,0 +1,226 @@
+"""Sessions that outlive their sandbox (issue 17): checkpoints taken in idle time, and a session
+brought back from its last one after a kill, a crash or a server restart. Real MCP client, real
+server process, real Deno runner."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+from mcp import Client
+
+from tests.integration.conftest import call, free_port, server_env, server_params, wait_for_port
+
+pytestmark = pytest.mark.anyio
+
+#: A checkpoint lands 0.5 s after a call (sessions.CHECKPOINT_QUIET), plus its own time.
+SETTLE_S = 2.5
+MEMORY_MB = 256
+#: Writes every byte, so the sandbox's resident memory passes MEMORY_MB (bounded: 400 MB once).
+MEMORY_BOMB = "hog = bytearray(b'x') * (400 * 2**20)"
+#: Ignores its interrupt, so only a kill stops it (bounded by the call's timeout and the grace).
+IGNORES_INTERRUPTS = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+CRASH = "import os\nos._exit(3)"
+
+
+@pytest.fixture(scope="module", params=["pyodide", "subprocess"])
+def backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Path:
+    return tmp_path_factory.mktemp(f"state-{backend}")
+
+
+@pytest.fixture(scope="module")
+async def client(anyio_backend: str, backend: str, state_dir: Path) -> AsyncIterator[Client]:
+    params = server_params(
+        MCP_SANDBOX_BACKEND=backend,
+        MCP_SANDBOX_MEMORY_MB=str(MEMORY_MB),
+        MCP_SANDBOX_STATE_DIR=str(state_dir),
+    )
+    async with Client(params) as connected:
+        yield connected
+
+
+def state_file(state_dir: Path, session_id: str) -> Path:
+    return state_dir / "sessions" / f"{hashlib.sha256(session_id.encode()).hexdigest()[:40]}.state"
+
+
+async def checkpointed(client: Client, code: str, session_id: str) -> dict[str, Any]:
+    """Run `code`, then give the session the idle time its checkpoint needs."""
+    result = await call(client, code, session_id=session_id)
+    assert result["success"], result
+    await anyio.sleep(SETTLE_S)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("killer", "error_type", "timeout"),
+    [(MEMORY_BOMB, "MemoryLimit", 30), (IGNORES_INTERRUPTS, "Timeout", 1), (CRASH, "SandboxCrash", 30)],
+    ids=["memory-limit", "ignored-interrupt", "crash"],
+)
+async def test_a_killed_session_comes_back_from_its_checkpoint(
+    client: Client, backend: str, killer: str, error_type: str, timeout: int
+) -> None:
+    session = f"killed-{error_type}"
+    await checkpointed(client, "x = 41", session)
+    if backend == "subprocess" and error_type == "MemoryLimit":
+        # RLIMIT_AS makes the allocation fail (MemoryError) instead of killing: the session lives on.
+        failed = await call(client, killer, session_id=session, timeout=timeout)
+        assert failed["error_type"] == "MemoryError" and not failed["session_restored"], failed
+        assert (await call(client, "x + 1 == 42", session_id=session))["result"] == "True"
+        return
+    killed = await call(client, killer, session_id=session, timeout=timeout)
+    assert killed["error_type"] == error_type, killed
+    assert killed["session_restored"] is True and killed["session_lost"] is False, killed
+    assert killed["restored_from_call"] == 1
+    assert any("restored from its checkpoint after call 1" in note for note in killed["notes"]), killed
+    after = await call(client, "x + 1 == 42", session_id=session)
+    assert after["result"] == "True", after
+    assert after["session_restored"] is False
+
+
+async def test_what_a_session_holds_survives(client: Client, backend: str) -> None:
+    setup = (
+        "import re, collections\n"
+        "class Point:\n    def __init__(self, x): self.x = x\n"
+        "def double(v): return 2 * v\n"
+        "points = [Point(i) for i in range(3)]\n"
+        "counts = collections.Counter('mississippi')\n"
+        "pattern = re.compile(r'(\\d+)-(\\d+)')\n"
+        "numbers = iter(range(10)); next(numbers); next(numbers)\n"
+        "def squares():\n    n = 0\n    while True:\n        yield n * n\n        n += 1\n"
+        "counting = squares(); next(counting); next(counting)\n"
+        "with open('notes.txt', 'w') as f: f.write('kept on disk')\n"
+        "import os; os.makedirs('work', exist_ok=True); os.chdir('work')\n"
+        "left_open = open('../open.txt', 'w')\n"
+    )
+    await checkpointed(client, setup, "holds")
+    killed = await call(client, CRASH, session_id="holds")
+    assert killed["session_restored"] is True, killed
+    check = (
+        "import os\n"
+        "(double(points[2].x), counts['s'], pattern.match('12-34').groups(), next(numbers),"
+        " open('../notes.txt').read(), os.path.basename(os.getcwd()))"
+    )
+    after = await call(client, check, session_id="holds")
+    assert after["result"] == "(4, 4, ('12', '34'), 2, 'kept on disk', 'work')", after
+    notes = " ".join(killed["notes"])
+    if backend == "pyodide":  # its memory carries generators; open files are closed, and said so
+        assert "open files" in notes and "open.txt" in notes, killed
+        assert (await call(client, "next(counting)", session_id="holds"))["result"] == "4"
+    else:  # a pickle cannot carry a generator or an open file: both are named
+        assert "cannot be pickled" in notes and "counting" in notes and "left_open" in notes, killed
+
+
+async def test_files_in_tmp_survive_on_pyodide(client: Client, backend: str) -> None:
+    if backend != "pyodide":
+        pytest.skip(
+            "a CPython worker's /tmp is not saved (in bubblewrap it is a tmpfs of its own); its home is"
+        )
+    await checkpointed(client, "with open('/tmp/scratch.txt', 'w') as f: f.write('in /tmp')", "tmp-files")
+    assert (await call(client, CRASH, session_id="tmp-files"))["session_restored"] is True
+    after = await call(client, "open('/tmp/scratch.txt').read()", session_id="tmp-files")
+    assert after["result"] == "'in /tmp'", after
+
+
+async def test_work_after_the_last_checkpoint_is_gone_and_the_result_says_so(client: Client) -> None:
+    await checkpointed(client, "x = 1", "later-work")
+    await call(client, "y = 2", session_id="later-work")  # the crash comes before its checkpoint would
+    killed = await call(client, CRASH, session_id="later-work")
+    assert killed["restored_from_call"] == 1, killed
+    assert any("what later calls did is gone" in note for note in killed["notes"])
+    after = await call(client, "'y' in globals(), x", session_id="later-work")
+    assert after["result"] == "(False, 1)"
+
+
+async def test_a_session_without_a_checkpoint_is_lost_and_says_so(client: Client) -> None:
+    killed = await call(client, CRASH, session_id="never-saved")
+    assert killed["session_lost"] is True and killed["session_restored"] is False, killed
+    assert any("no checkpoint yet" in note for note in killed["notes"]), killed
+
+
+async def test_javascript_objects_hold_back_a_checkpoint_until_deleted(client: Client, backend: str) -> None:
+    if backend != "pyodide":
+        pytest.skip("JavaScript exists only in pyodide")
+    await checkpointed(client, "x = 41", "js-held")
+    await checkpointed(client, "import js\nheld = js.Object.new()\nalso = js.Array.new()", "js-held")
+    told = await call(client, "x", session_id="js-held")
+    refusal = " ".join(told["notes"])
+    assert "not checkpointed" in refusal and "JavaScript objects (held, also)" in refusal, told
+    await checkpointed(client, "del held, also\nx = 42", "js-held")
+    killed = await call(client, CRASH, session_id="js-held")
+    assert killed["restored_from_call"] == 4, killed
+    assert (await call(client, "x", session_id="js-held"))["result"] == "42"
+
+
+async def test_a_damaged_state_file_gives_a_fresh_session_and_a_note(client: Client, state_dir: Path) -> None:
+    await checkpointed(client, "x = 41", "damaged")
+    path = state_file(state_dir, "damaged")
+    path.write_bytes(path.read_bytes()[:-100] + b"\x00" * 100)
+    killed = await call(client, CRASH, session_id="damaged")
+    assert killed["session_lost"] is True, killed
+    assert any("could not be used" in note and "hash" in note for note in killed["notes"]), killed
+    after = await call(client, "'x' in globals()", session_id="damaged")
+    assert after["result"] == "False"
+    assert not path.exists()
+
+
+async def test_state_files_are_private_and_go_with_their_session(client: Client, state_dir: Path) -> None:
+    await checkpointed(client, "x = 41", "private")
+    path = state_file(state_dir, "private")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    found = await call(client, f"import os\nos.path.exists({str(state_dir)!r})", session_id="private")
+    assert found["result"] == "False", "the sandbox cannot see the state folder"
+    await client.call_tool("reset_session", {"session_id": "private"})
+    assert not path.exists()
+
+
+async def test_a_killed_server_restarted_on_the_same_folder_resumes_its_sessions(
+    tmp_path: Path, backend: str
+) -> None:
+    env = {"MCP_SANDBOX_BACKEND": backend, "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state")}
+    async with serving(env) as (port, process):
+        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            await checkpointed(client, "x = 41", "survivor")
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+    async with serving(env) as (port, _), Client(f"http://127.0.0.1:{port}/mcp") as client:
+        after = await call(client, "x + 1", session_id="survivor")
+        assert after["result"] == "42", after
+        assert after["session_restored"] is True and after["restored_from_call"] == 1
+
+
+@asynccontextmanager
+async def serving(env: dict[str, str]) -> AsyncIterator[tuple[int, anyio.abc.Process]]:
+    """A streamable HTTP server process on 127.0.0.1: (port, process)."""
+    port = free_port()
+    command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", "http", "--port", str(port)]
+    process = await anyio.open_process(
+        command, env=server_env(MCP_SANDBOX_POOL_SIZE="1", **env), stdout=subprocess.DEVNULL
+    )
+    try:
+        await wait_for_port(port, process)
+        yield port, process
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            with anyio.move_on_after(10):
+                await process.wait()
+        if process.returncode is None:
+            process.kill()
+        await process.aclose()
