@@ -10,7 +10,9 @@ Through the Python API (the same App the MCP server runs), pyodide, pool of 2:
    the worker's time, the bytes before compression and as stored.
 3. Resume: a second server on the same state folder; the first call of a saved session (load,
    restore, run) against the first call of a new session, median of several.
-About 3 minutes.
+About 3 minutes. With --sessions 1000 instead: 1,000 sessions each holding a 1 MB list, 8 live at
+once (the rest hibernated), then every one asked about its list; the highest memory (PSS) of the
+server and its sandboxes, and the disk used. About 5 minutes.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from mcp_sandbox import Sandbox
 GAP_S = 1.0  # longer than the quiet time a checkpoint waits for, plus the checkpoint
 SPACED_CALLS = 25
 RESUMES = 7
+#: The sessions-held row: sandboxes live at once (the rest hibernated).
+MAX_LIVE = 8
 SESSIONS = {
     "empty": "pass",
     "x = 41 after imports": "import json, re, collections, dataclasses, statistics\nx = 41",
@@ -69,10 +73,11 @@ async def checkpoint_sizes(state_dir: Path) -> dict[str, dict[str, float]]:
     sizes: dict[str, dict[str, float]] = {}
     async with Sandbox("pyodide", **options(state_dir, checkpoints=False)) as sandbox:
         app = sandbox._started()
-        for name, code in SESSIONS.items():
-            result = await sandbox.run(code, session_id=name)
+        for index, (name, code) in enumerate(SESSIONS.items()):
+            session_id = f"size-{index}"
+            result = await sandbox.run(code, session_id=session_id)
             assert result.success, result
-            executor = app.sessions._sessions[name].executor
+            executor = app.sessions._sessions[session_id].executor
             assert executor is not None
             began = time.perf_counter()
             saved = await executor.checkpoint()
@@ -82,7 +87,7 @@ async def checkpoint_sizes(state_dir: Path) -> dict[str, dict[str, float]]:
             assert store is not None
             from mcp_sandbox.store import SavedState
 
-            stored = store.save(name, SavedState("pyodide", app.backend.build, saved.payload, 1))
+            stored = store.save(session_id, SavedState("pyodide", app.backend.build, saved.payload, 1))
             sizes[name] = {"checkpoint_ms": took, "raw_bytes": len(saved.payload), "stored_bytes": stored}
     return sizes
 
@@ -134,7 +139,72 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def main(json_path: Path) -> None:
+def pss_bytes(root: int) -> int:
+    """Proportional set size of `root` and every process under it (shared pages counted once)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as file:
+                    parents[int(entry)] = int(file.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    total = 0
+    for pid in tree:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as file:
+                total += sum(int(line.split()[1]) * 1024 for line in file if line.startswith("Pss:"))
+        except OSError:
+            continue
+    return total
+
+
+async def many_sessions(state_dir: Path, count: int) -> dict[str, float]:
+    """`count` sessions, each holding a 1 MB list, then every one asked about its list, with at
+    most MAX_LIVE sandboxes live: the memory of the server and its sandboxes, at its highest."""
+    settings = options(state_dir) | {"max_sessions": count + 10, "max_live_sandboxes": MAX_LIVE}
+    peak = 0
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, await anyio.to_thread.run_sync(pss_bytes, os.getpid()))
+            await anyio.sleep(0.5)
+
+    async with Sandbox("pyodide", **settings) as sandbox, anyio.create_task_group() as group:
+        group.start_soon(watch)
+        began = time.perf_counter()
+        for i in range(count):
+            result = await sandbox.run(f"data = [{i}] * 131_072  # 1 MB of references", session_id=f"s{i}")
+            assert result.success, result
+        filled = time.perf_counter() - began
+        wrong = 0
+        began = time.perf_counter()
+        for i in range(count):
+            result = await sandbox.run(f"len(data) == 131_072 and data[-1] == {i}", session_id=f"s{i}")
+            wrong += result.result != "True"
+        answered = time.perf_counter() - began
+        group.cancel_scope.cancel()
+    stored = sum(path.stat().st_size for path in (state_dir / "sessions").glob("*.state"))
+    return {
+        "sessions": count,
+        "max_live_sandboxes": MAX_LIVE,
+        "wrong_answers": wrong,
+        "fill_s": filled,
+        "answer_all_s": answered,
+        "peak_pss_mb": peak / 2**20,
+        "stored_mb": stored / 2**20,
+    }
+
+
+async def main(json_path: Path, sessions: int) -> None:
     report: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
@@ -142,6 +212,18 @@ async def main(json_path: Path) -> None:
     }
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
+        if sessions:
+            print(f"{sessions} sessions held ...", file=sys.stderr)
+            report["many"] = held = await many_sessions(root / "many", sessions)
+            print(
+                f"{held['sessions']} sessions of a 1 MB list, {MAX_LIVE} live: "
+                f"filled in {held['fill_s']:.0f} s, all answered in {held['answer_all_s']:.0f} s "
+                f"({held['wrong_answers']} wrong), peak {held['peak_pss_mb']:.0f} MB "
+                f"(PSS, server and sandboxes), {held['stored_mb']:.0f} MB stored"
+            )
+            await anyio.Path(json_path.parent).mkdir(parents=True, exist_ok=True)
+            await anyio.Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+            return
         print("spaced calls, checkpoints off ...", file=sys.stderr)
         off = await spaced_calls(root / "off", checkpoints=False)
         print("spaced calls, checkpoints on ...", file=sys.stderr)
@@ -160,4 +242,8 @@ async def main(json_path: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
-    anyio.run(main, parser.parse_args().json)
+    parser.add_argument(
+        "--sessions", type=int, default=0, help="instead: the sessions-held row with this many (1000)"
+    )
+    arguments = parser.parse_args()
+    anyio.run(main, arguments.json, arguments.sessions)

@@ -150,6 +150,7 @@ class App:
         sessions.attach(self._pool, self._backend, task_group)
         self._sessions = sessions
         task_group.start_soon(sessions.expire_idle)
+        task_group.start_soon(sessions.hibernate_idle)
         logger.info(
             "mcp-sandbox %s: %s backend, %d sandboxes kept ready",
             __version__,

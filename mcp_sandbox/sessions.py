@@ -60,6 +60,8 @@ class Resumed:
 
     from_call: int | None = None
     notes: list[str] = field(default_factory=list)
+    #: A hibernated session's state could not be brought back: it is gone.
+    lost: bool = False
 
 
 class SessionLimitReached(Exception):
@@ -78,8 +80,17 @@ class Session:
     saved_call: int = 0
     #: Said in the session's next result: what happened to it in between (a checkpoint refused).
     notes: list[str] = field(default_factory=list)
-    #: Why its last checkpoint was refused, said once rather than after every call.
+    #: Why its last checkpoint was refused, said once rather than after every call, and at which call.
     refused: str | None = None
+    refused_call: int = 0
+    #: What the stored checkpoint could not carry (empty: the whole state).
+    saved_lost: tuple[str, ...] = ()
+    #: Its state lives only in the store (hibernated); its next call resumes it, as if never gone.
+    hibernated: bool = False
+
+    @property
+    def live(self) -> bool:
+        return self.executor is not None
 
 
 class SessionPool:
@@ -158,6 +169,7 @@ class SessionPool:
                     if session.executor is not None:
                         await session.executor.close()
                         session.executor = None
+                    await self._make_room(session)
                     resumed = await self._resume(session)
                     if session.executor is None:
                         session.executor = await self._ready_pool.acquire()
@@ -181,6 +193,8 @@ class SessionPool:
                         "session_restored": True,
                         "restored_from_call": resumed.from_call,
                     }
+                if resumed.lost:
+                    update["session_lost"] = True
                 return result.model_copy(update=update)
             finally:
                 session.last_used = time.monotonic()
@@ -190,9 +204,21 @@ class SessionPool:
                     session.executor = None
 
     async def _resume(self, session: Session, *, killed: bool = False) -> Resumed:
-        """Give a session without a sandbox a new one holding its last checkpoint, if it has one."""
+        """Give a session without a sandbox a new one holding its last checkpoint, if it has one.
+        A hibernated session comes back as it was, and nothing is said unless that fails."""
         if self._store is None or self._backend is None:
             return Resumed()
+        hibernated, session.hibernated = session.hibernated, False
+        resumed = await self._restore(session, killed=killed)
+        if not hibernated:
+            return resumed
+        if resumed.from_call is None:
+            resumed.lost = True  # its notes say why
+            return resumed
+        return Resumed()
+
+    async def _restore(self, session: Session, *, killed: bool) -> Resumed:
+        assert self._store is not None and self._backend is not None
         store, backend = self._store, self._backend
         try:
             state = await anyio.to_thread.run_sync(store.load, session.session_id)
@@ -229,9 +255,8 @@ class SessionPool:
         return Resumed(from_call=state.call, notes=[said, *state.lost])
 
     def _checkpoint_when_idle(self, session: Session) -> None:
-        backend, group = self._backend, self._task_group
-        if self._store and backend and backend.saves_sessions and group and self._settings.checkpoints:
-            group.start_soon(self._checkpoint, session, session.calls)
+        if self._task_group is not None and self._checkpoints_on():
+            self._task_group.start_soon(self._checkpoint, session, session.calls)
 
     async def _checkpoint(self, session: Session, call: int) -> None:
         """Save the session's state after `call`, unless another call came first (which will)."""
@@ -242,30 +267,85 @@ class SessionPool:
             or self._sessions.get(session.session_id) is not session
         ):
             return
-        assert self._store is not None and self._backend is not None
         async with session.lock:
-            executor = session.executor
-            if session.calls != call or executor is None or not executor.alive or self._closing:
+            if session.calls == call and not self._closing:
+                await self._save(session)
+
+    async def _save(self, session: Session) -> bool:
+        """Checkpoint the session (its lock held) unless the store's copy is current: whether the
+        store now holds its whole state. A refusal goes into the session's next result, once."""
+        assert self._store is not None and self._backend is not None
+        executor, call = session.executor, session.calls
+        if session.saved_call == call and session.refused is None:
+            return not session.saved_lost
+        if session.refused is not None and session.refused_call == call:
+            return False  # nothing ran since: asking again would get the same answer
+        if executor is None or not executor.alive:
+            return False
+        saved = await executor.checkpoint()
+        if not isinstance(saved, str):
+            state = SavedState(self._backend.name, self._backend.build, saved.payload, call, saved.lost)
+            try:
+                await anyio.to_thread.run_sync(self._store.save, session.session_id, state)
+                session.saved_call, session.saved_lost, session.refused = call, saved.lost, None
+                return not saved.lost
+            except StoreError as error:
+                saved = str(error)
+        session.refused_call = call
+        if saved != session.refused:
+            session.refused = saved
+            kept = (
+                f" (a restore brings back its state after call {session.saved_call})"
+                if session.saved_call
+                else ""
+            )
+            session.notes.append(f"the session's state after call {call} was not checkpointed{kept}: {saved}")
+        return False
+
+    async def _hibernate(self, session: Session) -> bool:
+        """Write an idle session out and give its sandbox back to the pool: whether it was.
+        Never when its state cannot be carried whole (the session then stays live)."""
+        if session.lock.locked() or session.executor is None or self._closing:
+            return False
+        async with session.lock:  # free: nothing was awaited since it was found unlocked
+            if session.executor is None or not await self._save(session):
+                return False
+            executor, session.executor = session.executor, None
+            session.hibernated = True
+            await self._ready_pool.release(executor)
+        logger.info("session %r hibernated after call %d", session.session_id, session.saved_call)
+        return True
+
+    async def _make_room(self, coming: Session) -> None:
+        """Before `coming` takes a sandbox: hibernate the least recently used idle sessions
+        while MCP_SANDBOX_MAX_LIVE_SANDBOXES are live."""
+        limit = self._settings.max_live_sandboxes
+        if not limit or not self._checkpoints_on():
+            return
+
+        def live() -> list[Session]:
+            return [s for s in self._sessions.values() if s.live and s is not coming]
+
+        for session in sorted(live(), key=lambda s: s.last_used):
+            if len(live()) < limit:
                 return
-            saved = await executor.checkpoint()
-            if not isinstance(saved, str):
-                state = SavedState(self._backend.name, self._backend.build, saved.payload, call, saved.lost)
-                try:
-                    await anyio.to_thread.run_sync(self._store.save, session.session_id, state)
-                    session.saved_call, session.refused = call, None
-                    return
-                except StoreError as error:
-                    saved = str(error)
-            if saved != session.refused:
-                session.refused = saved
-                kept = (
-                    f" (a restore brings back its state after call {session.saved_call})"
-                    if session.saved_call
-                    else ""
-                )
-                session.notes.append(
-                    f"the session's state after call {call} was not checkpointed{kept}: {saved}"
-                )
+            await self._hibernate(session)
+
+    def _checkpoints_on(self) -> bool:
+        backend = self._backend
+        return bool(self._store and backend and backend.saves_sessions and self._settings.checkpoints)
+
+    async def hibernate_idle(self) -> None:
+        """Hibernate sessions idle for MCP_SANDBOX_HIBERNATE_AFTER seconds, forever (run it in a task)."""
+        after = self._settings.hibernate_after
+        if not after or not self._checkpoints_on():
+            return
+        while True:
+            await anyio.sleep(min(SWEEP_INTERVAL, after / 2))
+            deadline = time.monotonic() - after
+            for session in list(self._sessions.values()):
+                if session.live and session.last_used < deadline:
+                    await self._hibernate(session)
 
     async def _run_in(
         self, executor: Executor, code: str, timeout: float, progress: ProgressReport | None
@@ -299,9 +379,13 @@ class SessionPool:
         return True
 
     async def expire_idle(self) -> None:
-        """Close sessions idle for longer than the TTL, forever (run it in a task)."""
+        """Close sessions idle for longer than the TTL, forever (run it in a task), and delete
+        saved states nobody has used for as long (sessions of a server that stopped)."""
         while True:
             await anyio.sleep(min(SWEEP_INTERVAL, self._settings.session_ttl / 2))
+            if self._store is not None:
+                ttl, ours = self._settings.session_ttl, set(self._sessions)
+                await anyio.to_thread.run_sync(self._store.delete_older_than, ttl, ours)
             deadline = time.monotonic() - self._settings.session_ttl
             for session in list(self._sessions.values()):
                 if not session.lock.locked() and session.last_used < deadline:

@@ -81,6 +81,18 @@ class Settings(BaseSettings):
         description="Folder for saved sessions (mode 0700): with it, a restarted server, or another "
         "instance sharing the folder, resumes them; unset: a private temporary folder removed at exit.",
     )
+    hibernate_after: float = Field(
+        120.0,
+        ge=0,
+        description="pyodide, subprocess: a session idle this many seconds is written to the store and its "
+        "sandbox given back, freeing its memory; its next call brings it back as it was (0: never).",
+    )
+    max_live_sandboxes: int = Field(
+        0,
+        ge=0,
+        description="pyodide, subprocess: the most sessions holding a sandbox at once; past it, the least "
+        "recently used idle session is hibernated (0: no limit but max_sessions).",
+    )
     max_state_mb: int = Field(
         512, ge=1, description="Largest state one session's checkpoint may hold, in MB (before compression)."
     )

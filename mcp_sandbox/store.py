@@ -176,6 +176,18 @@ class DirectoryStore:
             raise StateUnusable("its contents are not the size its header says")
         return SavedState(header.backend, header.build, payload, header.call, tuple(header.lost))
 
+    def delete_older_than(self, seconds: float, keep: set[str]) -> int:
+        """Delete states not written for `seconds`, except those of the sessions in `keep`
+        (this server's, which it expires itself); how many. Sessions a stopped server left."""
+        kept = {self._path(session_id).name for session_id in keep}
+        deadline, deleted = time.time() - seconds, 0
+        for path in self._states.glob("*.state"):
+            with contextlib.suppress(OSError):
+                if path.name not in kept and path.stat().st_mtime < deadline:
+                    path.unlink()
+                    deleted += 1
+        return deleted
+
     def delete(self, session_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(session_id).unlink()

@@ -224,3 +224,81 @@ async def serving(env: dict[str, str]) -> AsyncIterator[tuple[int, anyio.abc.Pro
         if process.returncode is None:
             process.kill()
         await process.aclose()
+
+
+def sandbox_processes(server: int) -> int:
+    """Sandbox processes (Deno runners, CPython workers) under the server process `server`."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    return len(children.get(server, []))
+
+
+async def test_ten_sessions_share_two_live_sandboxes_and_keep_their_state(
+    tmp_path: Path, backend: str
+) -> None:
+    env = {
+        "MCP_SANDBOX_BACKEND": backend,
+        "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"),
+        "MCP_SANDBOX_MAX_LIVE_SANDBOXES": "2",
+    }
+    async with serving(env) as (port, process), Client(f"http://127.0.0.1:{port}/mcp") as client:
+        most = 0
+        for i in range(10):
+            result = await call(client, f"x = {i} * 41\nx", session_id=f"many-{i}")
+            assert result["result"] == str(i * 41), result
+            await anyio.sleep(0.8)  # its checkpoint, in idle time
+            most = max(most, sandbox_processes(process.pid))
+        for i in reversed(range(10)):
+            again = await call(client, f"x == {i} * 41", session_id=f"many-{i}")
+            assert again["result"] == "True", again
+            assert again["session_restored"] is False and not again["session_lost"], "hibernation is silent"
+            most = max(most, sandbox_processes(process.pid))
+    # Two sessions' sandboxes, the pool's one, and one being started or reset at a moment.
+    assert most <= 4, f"{most} sandbox processes for 2 live sessions and a pool of 1"
+
+
+async def test_an_idle_session_hibernates_and_comes_back_as_it_was(tmp_path: Path, backend: str) -> None:
+    env = {
+        "MCP_SANDBOX_BACKEND": backend,
+        "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"),
+        "MCP_SANDBOX_HIBERNATE_AFTER": "1",
+    }
+    async with serving(env) as (port, process), Client(f"http://127.0.0.1:{port}/mcp") as client:
+        await call(client, "x = 41", session_id="sleeper")
+        await call(
+            client, "import os\npid = os.getpid() if hasattr(os, 'getpid') else 0", session_id="sleeper"
+        )
+        assert sandbox_processes(process.pid) >= 2, "the session's sandbox and the pool's"
+        with anyio.fail_after(30):
+            while sandbox_processes(process.pid) > 1:  # the session's sandbox went back
+                await anyio.sleep(0.2)
+        assert state_file(tmp_path / "state", "sleeper").exists()
+        after = await call(client, "x + 1", session_id="sleeper")
+        assert after["result"] == "42" and after["session_restored"] is False, after
+
+
+async def test_a_session_that_cannot_be_saved_whole_is_not_hibernated(tmp_path: Path, backend: str) -> None:
+    env = {
+        "MCP_SANDBOX_BACKEND": backend,
+        "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"),
+        "MCP_SANDBOX_HIBERNATE_AFTER": "1",
+    }
+    # Pyodide cannot carry a JavaScript object, a pickle cannot carry a generator.
+    held = (
+        "import js\nheld = js.Object.new()\nheld.mark = 7"
+        if backend == "pyodide"
+        else "held = iter(x for x in [7])"
+    )
+    check = "held.mark" if backend == "pyodide" else "next(held)"
+    async with serving(env) as (port, process), Client(f"http://127.0.0.1:{port}/mcp") as client:
+        await call(client, held, session_id="unsaved")
+        await anyio.sleep(4)
+        assert sandbox_processes(process.pid) >= 2, "the session kept its sandbox"
+        after = await call(client, check, session_id="unsaved")
+        assert after["result"] == "7", after
