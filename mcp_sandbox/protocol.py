@@ -24,8 +24,13 @@ Runner <-> worker (Pyodide only). The Deno runner's main thread (runner.ts) owns
 and hosts Pyodide in a less-permitted Worker (worker.ts). Main -> worker: ``WorkerInit``,
 ``WorkerData``, and the host's ``run``, ``jit_warm_up`` and ``tool_result`` as they came.
 Worker -> main: ``WorkerPost``, whose ``json`` is a RunnerMessage the main thread forwards.
-A blocking tool call uses shared memory: the worker posts the tool_call with ``syncCall`` set,
-then sleeps in ``Atomics.wait(syncState, SYNC_STATE, SYNC_WAITING)``; the main thread writes the
+Sandboxed code can listen to and post on that channel too, so what must not be forged or seen
+(recycle, checkpoint, restore) goes over a private ``MessagePort`` instead (``control`` in
+``WorkerInit``), which only the worker's own module holds: ``ControlRequest`` one way,
+``ControlAnswer`` the other.
+
+A blocking tool call uses shared memory: the worker posts the tool_call with ``syncCall`` set, then
+sleeps in ``Atomics.wait(syncState, SYNC_STATE, SYNC_WAITING)``; the main thread writes the
 reply's UTF-8 bytes into ``syncData`` (grown to fit, at most SYNC_REPLY_MAX_BYTES), their length
 into ``syncState[SYNC_LENGTH]``, and sets ``syncState[SYNC_STATE]`` to SYNC_REPLY_READY, or to
 SYNC_INTERRUPTED when the run is interrupted. Writing INTERRUPT_SIGNAL into ``interruptBuffer``
@@ -45,6 +50,7 @@ except ImportError:  # inside a sandbox: the standard library's serves
 
 # Types that exist only on the JavaScript side (shared memory handed to the Pyodide worker).
 Uint8Array = NewType("Uint8Array", object)
+MessagePort = NewType("MessagePort", object)
 Int32Array = NewType("Int32Array", object)
 SharedArrayBuffer = NewType("SharedArrayBuffer", object)
 
@@ -439,6 +445,8 @@ class WorkerInit(TypedDict):
     interruptBuffer: Uint8Array
     syncState: Int32Array
     syncData: SharedArrayBuffer
+    #: The private channel for ControlRequest and ControlAnswer (transferred, never on globalThis).
+    control: MessagePort
     packagesDir: NotRequired[str]
     snapshot: NotRequired[str]
 
@@ -457,16 +465,14 @@ class WorkerData(TypedDict):
 
 
 class WorkerRecycle(TypedDict):
-    """Recycle ``id``: the worker answers with a WorkerPost carrying the same ``nonce``, which
-    sandboxed code never sees, so it cannot forge the answer."""
+    """Recycle ``id`` (a ControlRequest); the answer's ``json`` is a WorkerRecycled."""
 
     type: Literal["recycle"]
     id: int
-    nonce: str
 
 
 class WorkerRecycled(TypedDict):
-    """The worker's answer (the ``json`` of its WorkerPost): ``dataLost``: a program changed
+    """The worker's answer (the ``json`` of its ControlAnswer): ``dataLost``: a program changed
     data/, which the worker emptied, so the main thread sends all of it again."""
 
     type: Literal["recycled"]
@@ -478,34 +484,33 @@ class WorkerRecycled(TypedDict):
 
 
 class WorkerCheckpoint(TypedDict):
-    """Checkpoint ``id``: answered by a WorkerPost carrying ``nonce`` and, when saved, ``blob``;
-    its ``json`` is the CheckpointedMessage."""
+    """Checkpoint ``id`` (a ControlRequest); the answer's ``json`` is the CheckpointedMessage
+    and, when saved, its ``blob`` the checkpoint."""
 
     type: Literal["checkpoint"]
     id: int
-    nonce: str
 
 
 class WorkerRestore(TypedDict):
-    """Restore ``id`` from ``blob``: answered by a WorkerPost carrying ``nonce``; its ``json``
-    is the RestoredMessage."""
+    """Restore ``id`` from ``blob`` (a ControlRequest); the answer's ``json`` is the
+    RestoredMessage."""
 
     type: Literal["restore"]
     id: int
-    nonce: str
     blob: Uint8Array
 
 
-WorkerMessage = (
-    WorkerInit
-    | WorkerData
-    | RunMessage
-    | JitWarmUpMessage
-    | ToolResultMessage
-    | WorkerRecycle
-    | WorkerCheckpoint
-    | WorkerRestore
-)
+ControlRequest = WorkerRecycle | WorkerCheckpoint | WorkerRestore
+
+
+class ControlAnswer(TypedDict):
+    """The worker's answer to the ControlRequest in progress (one at a time)."""
+
+    json: str
+    blob: NotRequired[Uint8Array]
+
+
+WorkerMessage = WorkerInit | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage
 
 
 class WorkerPost(TypedDict):
@@ -517,8 +522,6 @@ class WorkerPost(TypedDict):
     json: str
     exiting: bool
     syncCall: NotRequired[int]
-    nonce: NotRequired[str]
-    blob: NotRequired[Uint8Array]
 
 
 #: Runner messages a worker may post between results; anything else without a run id is dropped.

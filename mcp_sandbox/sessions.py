@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
-from mcp_sandbox.backends.base import Backend, Executor
+from mcp_sandbox.backends.base import Backend, Executor, SandboxStartError
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
@@ -243,12 +243,23 @@ class SessionPool:
         executor = await self._ready_pool.acquire()
         reason = await executor.restore(state.payload)
         if reason is not None:
-            await self._ready_pool.release(executor)
+            await executor.close()  # half restored, perhaps: never reused
+            # A pooled sandbox may have been used (recycled) in a way that rules it out: a new one.
+            try:
+                executor = await backend.start()
+                reason = await executor.restore(state.payload)
+            except SandboxStartError as error:
+                reason = f"{reason}; and a new sandbox did not start: {error}"
+            else:
+                if reason is not None:
+                    await executor.close()
+        if reason is not None:
             return Resumed(
                 notes=[f"the session's checkpoint could not be restored ({reason}), so it starts fresh"]
             )
         session.executor = executor
         session.calls = session.saved_call = state.call
+        session.saved_lost, session.refused, session.refused_call = state.lost, None, 0
         said = f"the session was restored from its checkpoint after call {state.call}"
         if killed:
             said += "; what later calls did is gone"
@@ -287,10 +298,15 @@ class SessionPool:
             state = SavedState(self._backend.name, self._backend.build, saved.payload, call, saved.lost)
             try:
                 await anyio.to_thread.run_sync(self._store.save, session.session_id, state)
-                session.saved_call, session.saved_lost, session.refused = call, saved.lost, None
-                return not saved.lost
             except StoreError as error:
                 saved = str(error)
+            else:
+                if self._sessions.get(session.session_id) is not session:
+                    # Reset while it was being written: what was written belongs to nobody.
+                    await anyio.to_thread.run_sync(self._store.delete, session.session_id)
+                    return False
+                session.saved_call, session.saved_lost, session.refused = call, saved.lost, None
+                return not saved.lost
         session.refused_call = call
         if saved != session.refused:
             session.refused = saved
@@ -363,20 +379,19 @@ class SessionPool:
         return result
 
     async def reset(self, session_id: str) -> bool:
-        """Forget a session, stop its sandbox and delete its saved state; True if it existed."""
+        """Forget a session, stop its sandbox and delete its saved state; True if it existed.
+        A checkpoint being written meanwhile deletes what it wrote (see `_save`)."""
         session = self._sessions.pop(session_id, None)
-        if self._store is not None:
-            await anyio.to_thread.run_sync(self._store.delete, session_id)
-        if session is None:
-            return False
-        if session.executor is not None:
+        if session is not None and session.executor is not None:
             if session.lock.locked() or self._closing:
                 # A running call in it ends as a SandboxCrash; that is what resetting means.
                 await session.executor.close()
             else:
                 await self._ready_pool.release(session.executor)
                 session.executor = None
-        return True
+        if self._store is not None:
+            await anyio.to_thread.run_sync(self._store.delete, session_id)
+        return session is not None
 
     async def expire_idle(self) -> None:
         """Close sessions idle for longer than the TTL, forever (run it in a task), and delete

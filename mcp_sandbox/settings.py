@@ -78,8 +78,8 @@ class Settings(BaseSettings):
     )
     state_dir: Path | None = Field(
         None,
-        description="Folder for saved sessions (mode 0700): with it, a restarted server, or another "
-        "instance sharing the folder, resumes them; unset: a private temporary folder removed at exit.",
+        description="Folder for saved sessions (kept in a 0700 sessions/ inside it): with it, a restarted "
+        "server resumes them; unset: a private temporary folder removed at exit.",
     )
     hibernate_after: float = Field(
         120.0,

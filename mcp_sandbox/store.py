@@ -1,9 +1,10 @@
 """Where sessions' saved state lives: checkpoints and hibernated sessions, as files.
 
 A saved state is opaque to the host: a Pyodide memory image, or a pickle that only a sandbox
-ever unpickles. The host compresses it, seals it with a hash and writes it so that a crash or a
-full disk never leaves a half-written file in its place. Files are the owner's alone (0600 in a
-0700 folder), and no sandbox is given the folder.
+ever unpickles. The host compresses it, adds a SHA-256 of it (which finds damage and truncation;
+it is not a signature: whoever can write the folder can write a valid file) and writes it so that
+a crash or a full disk never leaves a half-written file in its place. Files are the owner's alone
+(0600 in a 0700 folder), and no sandbox is given the folder.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ class DirectoryStore:
     """Saved states as files in one folder, one per session.
 
     `max_session_bytes` caps one state (before compression), `max_total_bytes` all of them
-    (as stored). Safe for several servers sharing the folder: a write is a new file renamed
-    into place, so a reader sees the old state or the new one, never a mix.
+    (as stored). A write is a new file renamed into place, so a reader sees the old state or the
+    new one, never a mix.
     """
 
     def __init__(self, root: Path, *, max_session_bytes: int, max_total_bytes: int) -> None:
@@ -79,9 +80,9 @@ class DirectoryStore:
         self._states = root / "sessions"
         self.max_session_bytes = max_session_bytes
         self.max_total_bytes = max_total_bytes
-        for folder in (root, self._states):
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(folder, 0o700)  # mkdir's mode yields to the umask, and the folder may be older
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)  # the operator's folder keeps its mode
+        self._states.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self._states, 0o700)  # mkdir's mode yields to the umask, and the folder may be older
 
     def _path(self, session_id: str) -> Path:
         # Hashed: a session id never becomes a path, whatever it contains.
@@ -145,7 +146,8 @@ class DirectoryStore:
         path = self._path(session_id)
         try:
             with open(path, "rb") as file:
-                data = file.read(self.max_total_bytes + 1)
+                # zstd never makes a body much larger than its input: past this it is not ours.
+                data = file.read(len(MAGIC) + MAX_HEADER_BYTES + self.max_session_bytes + (1 << 20))
         except FileNotFoundError:
             return None
         except OSError as error:

@@ -183,7 +183,7 @@ async def test_state_files_are_private_and_go_with_their_session(client: Client,
     await checkpointed(client, "x = 41", "private")
     path = state_file(state_dir, "private")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((state_dir / "sessions").stat().st_mode) == 0o700
     found = await call(client, f"import os\nos.path.exists({str(state_dir)!r})", session_id="private")
     assert found["result"] == "False", "the sandbox cannot see the state folder"
     await client.call_tool("reset_session", {"session_id": "private"})
@@ -302,3 +302,15 @@ async def test_a_session_that_cannot_be_saved_whole_is_not_hibernated(tmp_path: 
         assert sandbox_processes(process.pid) >= 2, "the session kept its sandbox"
         after = await call(client, check, session_id="unsaved")
         assert after["result"] == "7", after
+
+
+async def test_a_session_that_used_ctypes_is_never_restored_broken(client: Client, backend: str) -> None:
+    # ctypes adds to Pyodide's tables outside its memory: a checkpoint must carry that or refuse.
+    await checkpointed(client, "import ctypes\nx = ctypes.string_at(id(1), 8)\ny = 41", "ctypes")
+    killed = await call(client, CRASH, session_id="ctypes")
+    after = await call(client, "y + 1", session_id="ctypes")
+    if killed["session_restored"]:
+        assert after["result"] == "42", after
+    else:
+        assert after["error_type"] == "NameError" and killed["session_lost"], (killed, after)
+        assert backend == "pyodide", "a CPython checkpoint carries ctypes' bytes and ints"

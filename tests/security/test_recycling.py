@@ -38,10 +38,10 @@ WHICH_SANDBOX = "import js as _rt_js\nprint(_rt_js.performance.timeOrigin, flush
 #: Calls that may go to the pool's other sandbox before the recycled one comes back (a pool of
 #: one can hold two for a moment: a waiter starts a sandbox while the used one is being reset).
 TRIES = 6
-#: Before each try, time for the used sandbox's reset to finish (tens of milliseconds, more on a
+#: Before each try, time for the used sandbox's reset to finish (tens of milliseconds, seconds on a
 #: loaded machine), so it is first in line again: a recycled sandbox goes to the front, and of two
 #: the one at the back is closed.
-TRY_GAP_S = 0.5
+TRY_GAP_S = 1.0
 
 #: Taints a recycle cannot undo, so the sandbox is replaced instead, and why.
 REPLACED = {"taint_js_globals": "its JavaScript realm changed"}
@@ -168,3 +168,47 @@ async def test_an_ended_session_is_recycled_clean(client: Client) -> None:
     probes = await next_calls_in(client, sandbox, "'rt_planted' in globals()")
     assert landed(probes, sandbox), "the ended session's sandbox never came back to the pool"
     assert all(seen.get("result") == "False" for seen in probes), probes[-1].summary()
+
+
+#: A listener on the worker's own message channel that answers every request it sees with a
+#: forged "recycled, clean" (in the form the runner used to accept: a WorkerPost with the
+#: request's nonce) and keeps every program it is sent.
+FORGER = """
+_rt_js.eval('''
+globalThis.rtSeen = [];
+addEventListener("message", (event) => {
+  const data = event.data || {};
+  if (data.code) globalThis.rtSeen.push(data.code);
+  if (data.type === "recycle" || data.type === "restore" || data.type === "checkpoint") {
+    const json = JSON.stringify({ type: "recycled", id: data.id, clean: true, reason: null, ms: 0 });
+    postMessage({ id: null, json, exiting: false, nonce: data.nonce });
+  }
+});
+''')
+"""
+
+
+async def test_a_listener_cannot_forge_a_clean_recycle_or_see_the_next_caller(client: Client) -> None:
+    sandbox, installed = await run_where(client, FORGER)
+    assert installed.get("success") is True, installed.summary()
+    await anyio.sleep(TRY_GAP_S)  # the forger's sandbox is asked to recycle
+    secret = "rt_victim_secret = 'VICTIM-MARKER-7319'"
+    await send(client, secret, None)
+    probes = await next_calls_in(
+        client, sandbox, "str(list(getattr(_rt_js.globalThis, 'rtSeen', None) or []))"
+    )
+    assert not landed(probes, sandbox), "the forger's sandbox was recycled: its answer was taken"
+    assert not any("VICTIM-MARKER" in str(probe.get("result")) for probe in probes), probes[-1].summary()
+
+
+async def test_a_taint_travels_with_its_checkpoint(client: Client) -> None:
+    # gc.get_objects reaches every live object (a taint), and leaves the memory portable.
+    _, tainted = await run_where(client, "import gc\nlen(gc.get_objects()) > 0", "carrier")
+    assert tainted.get("success") is True, tainted.summary()
+    await anyio.sleep(2.5)  # its checkpoint, half a second after the call
+    crashed = await send(client, "import os\nos._exit(3)", "carrier")
+    assert crashed.get("session_restored") is True, crashed.summary()
+    holder, _ = await run_where(client, "1", "carrier")  # the sandbox the checkpoint went into
+    await client.call_tool("reset_session", {"session_id": "carrier"})
+    probes = await next_calls_in(client, holder, "'probe'")
+    assert not landed(probes, holder), "a sandbox restored from a tainted session was recycled"

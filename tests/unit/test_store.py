@@ -120,3 +120,12 @@ def test_delete_forgets_a_session(tmp_path: Path) -> None:
     store.delete("s")
     store.delete("s")  # twice is fine
     assert store.load("s") is None
+
+
+def test_the_operators_folder_keeps_its_mode(tmp_path: Path) -> None:
+    root = tmp_path / "state"
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    make(root).save("s", STATE)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o755, "only the store's own folder is made private"
+    assert stat.S_IMODE((root / "sessions").stat().st_mode) == 0o700

@@ -300,9 +300,12 @@ class PyodideExecutor(ProcessExecutor):
         if not message["saved"]:
             return str(message["reason"] or "the sandbox did not say why")
         try:
-            payload = await anyio.to_thread.run_sync(_take_file, path)
+            payload = await anyio.to_thread.run_sync(_take_file, path, self.limits.max_state_bytes)
         except OSError as error:
             return f"the checkpoint file could not be read: {error}"
+        if payload is None:
+            limit = self.limits.max_state_bytes // 2**20
+            return f"the session's state is over {limit} MB (MCP_SANDBOX_MAX_STATE_MB)"
         logger.debug(
             "%s sandbox %d checkpointed %d bytes in %.1f ms",
             self.backend,
@@ -334,9 +337,12 @@ class PyodideExecutor(ProcessExecutor):
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
 
 
-def _take_file(path: Path) -> bytes:
-    """A file's bytes, and the file gone."""
+def _take_file(path: Path, limit: int) -> bytes | None:
+    """A file's bytes (None when over `limit`), and the file gone."""
     try:
-        return path.read_bytes()
+        with open(path, "rb") as file:
+            if os.fstat(file.fileno()).st_size > limit:
+                return None
+            return file.read()
     finally:
         path.unlink(missing_ok=True)

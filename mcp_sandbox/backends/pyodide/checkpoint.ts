@@ -8,7 +8,7 @@
 // JavaScript cannot be carried: a checkpoint is refused while Python holds JavaScript objects or
 // native code was loaded, and it says what else is lost (open files; pending asyncio tasks and
 // timers are JavaScript's too).
-import type { CleanState } from "./recycle.ts";
+import { type CleanState, tableLength, taint, taintsSoFar } from "./recycle.ts";
 
 const MAGIC = "MCPSCKP1";
 const PAGE = 4096;
@@ -24,10 +24,17 @@ type Header = {
   // The clean point it was taken against: a sandbox with another one cannot restore it.
   clean: { memory: number; stackPointer: number; table: number; wasmTable: number; libraries: number };
   memory: number;
+  // The JS reference table's length when it was taken (its slots past the clean ones are empty).
+  table: number;
+  // The values Pyodide interned since the clean point (strings, mostly): memory holds their indices.
+  immortals: Primitive[];
   pages: number[];
   files: FileEntry[];
   removed: string[];
   cwd: string;
+  // What reached past recycling's checks in the session (ctypes, say): the memory still holds
+  // what it did, so the sandbox it is restored into must not be recycled either.
+  tainted: string[];
 };
 
 export type CheckpointOutcome =
@@ -86,11 +93,20 @@ function changedPages(heap: Uint8Array, cleanMemory: Uint8Array): number[] {
 // Why Python's state cannot be carried to another sandbox now, or null.
 function whyNotPortable(clean: CleanState, jsHolders: () => string[]): string | null {
   const module = clean.module;
-  if (module.wasmTable.length !== clean.wasmTableLength || Object.keys(module.LDSO.loadedLibsByName).length !== clean.libraries) {
-    return "a package with native code (a .so library) was loaded, and native code cannot be carried to another sandbox; " +
-      "restart the session (reset_session) and use pure-Python packages if it must survive";
+  const table = module.wasmTable;
+  const changed = table.length !== clean.wasmTableLength ||
+    Object.keys(module.LDSO.loadedLibsByName).length !== clean.libraries ||
+    clean.wasmTableEntries.some((entry, i) => table.get(i) !== entry);
+  if (changed) {
+    return "native code was loaded (a package with a .so library) or made a C callback (ctypes), and native " +
+      "code cannot be carried to another sandbox; restart the session (reset_session) and use pure-Python " +
+      "packages if it must survive";
   }
   if (module.stackSave() !== clean.stackPointer) return "Python is still running";
+  if (internedSince(clean) === null) {
+    return "Pyodide keeps a JavaScript object for good that the session made, which cannot be carried to " +
+      "another sandbox; restart the session (reset_session) if it must survive";
+  }
   for (let i = 0; i < clean.table.length; i++) {
     if (module.__hiwire_get(i) !== clean.table[i]) return jsObjectsHeld(jsHolders);
   }
@@ -104,6 +120,22 @@ function whyNotPortable(clean: CleanState, jsHolders: () => string[]): string | 
     if (value !== undefined && value !== null) return jsObjectsHeld(jsHolders);
   }
   return null;
+}
+
+type Primitive = string | number | boolean | null;
+
+// The values interned since the clean point, or null when one is not plain data.
+function internedSince(clean: CleanState): Primitive[] | null {
+  const module = clean.module;
+  const values: Primitive[] = [];
+  for (let i = clean.immortals; i < tableLength(module, clean.immortals, module.__hiwire_immortal_get); i++) {
+    const value = module.__hiwire_immortal_get(i);
+    const plain = typeof value === "string" || typeof value === "boolean" || value === null ||
+      (typeof value === "number" && Number.isFinite(value));
+    if (!plain) return null;
+    values.push(value as Primitive);
+  }
+  return values;
 }
 
 function jsObjectsHeld(jsHolders: () => string[]): string {
@@ -169,10 +201,13 @@ export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): Ch
   const header: Header = {
     clean: fingerprint(clean),
     memory: heap.length,
+    table: tableLength(clean.module, clean.table.length),
+    immortals: internedSince(clean)!,
     pages,
     files: entries,
     removed,
     cwd: clean.module.FS.cwd(),
+    tainted: taintsSoFar(),
   };
   const head = encoder.encode(JSON.stringify(header));
   const hashes = cleanHashes(clean);
@@ -209,6 +244,7 @@ function parse(blob: Uint8Array, clean: CleanState): { header: Header; hashes: I
   if (JSON.stringify(header.clean) !== JSON.stringify(fingerprint(clean))) {
     return "it was taken in a sandbox that started differently (another build or other settings)";
   }
+  if (!Number.isInteger(header.table) || header.table < clean.table.length || header.table > 1 << 24) return "its table size is invalid";
   const pageCount = header.memory / PAGE;
   if (!Number.isInteger(pageCount) || header.memory < clean.memory.length || header.memory > 2 ** 32) return "its memory size is invalid";
   let previous = -1;
@@ -240,6 +276,15 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
   for (let page = 0; page < own.length; page++) if (own[page] !== hashes[page] && !stored.has(page)) drift++;
   if (drift > MAX_CLEAN_DRIFT_PAGES) return `the checkpoint was taken in a sandbox whose clean memory differs in ${drift} pages`;
   const module = clean.module;
+  // Interned values are found by index: this sandbox must hold the same ones at the same places.
+  const immortals = Array.isArray(header.immortals) ? header.immortals : [];
+  const interned = tableLength(module, clean.immortals, module.__hiwire_immortal_get);
+  for (let i = clean.immortals; i < Math.min(interned, clean.immortals + immortals.length); i++) {
+    if (module.__hiwire_immortal_get(i) !== immortals[i - clean.immortals]) {
+      return "this sandbox interned other values before (a recycled one); a new sandbox can restore it";
+    }
+  }
+  for (const value of immortals.slice(interned - clean.immortals)) module.__hiwire_immortal_add(value);
   // Grown the way the runtime grows it, so every view of the memory sees the new size.
   while (module.HEAP8.length < header.memory) {
     const pointer = module._malloc(header.memory - module.HEAP8.length);
@@ -251,6 +296,11 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
   heap.fill(0, clean.memory.length);
   header.pages.forEach((page, i) => heap.set(blob.subarray(pagesAt + i * PAGE, pagesAt + (i + 1) * PAGE), page * PAGE));
   module.stackRestore(clean.stackPointer);
+  // The memory's JS reference table may hand out slots up to the length it had: empty ones here.
+  for (let i = tableLength(module, clean.table.length); i < header.table; i++) {
+    if (module.__hiwire_set(i, null) < 0) return "the JS reference table could not grow";
+  }
+  for (const reason of Array.isArray(header.tainted) ? header.tainted : []) taint(`${reason} (before a restore)`);
   return restoreFiles(clean, header, blob.subarray(filesAt));
 }
 

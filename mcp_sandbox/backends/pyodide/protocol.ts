@@ -191,6 +191,7 @@ export type WorkerInit = {
   interruptBuffer: Uint8Array;
   syncState: Int32Array;
   syncData: SharedArrayBuffer;
+  control: MessagePort;
   packagesDir?: string;
   snapshot?: string;
 };
@@ -209,7 +210,6 @@ export type WorkerData = {
 export type WorkerRecycle = {
   type: "recycle";
   id: number;
-  nonce: string;
 };
 
 export type WorkerRecycled = {
@@ -224,14 +224,22 @@ export type WorkerRecycled = {
 export type WorkerCheckpoint = {
   type: "checkpoint";
   id: number;
-  nonce: string;
 };
 
 export type WorkerRestore = {
   type: "restore";
   id: number;
-  nonce: string;
   blob: Uint8Array;
+};
+
+export type ControlRequest =
+  | WorkerRecycle
+  | WorkerCheckpoint
+  | WorkerRestore;
+
+export type ControlAnswer = {
+  json: string;
+  blob?: Uint8Array;
 };
 
 export type WorkerMessage =
@@ -239,16 +247,11 @@ export type WorkerMessage =
   | WorkerData
   | RunMessage
   | JitWarmUpMessage
-  | ToolResultMessage
-  | WorkerRecycle
-  | WorkerCheckpoint
-  | WorkerRestore;
+  | ToolResultMessage;
 
 export type WorkerPost = {
   id: number | null;
   json: string;
   exiting: boolean;
   syncCall?: number;
-  nonce?: string;
-  blob?: Uint8Array;
 };

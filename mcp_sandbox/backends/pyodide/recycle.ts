@@ -48,6 +48,8 @@ type Module = {
   stackRestore(pointer: number): void;
   __hiwire_get(index: number): unknown;
   __hiwire_set(index: number, value: unknown): number;
+  __hiwire_immortal_get(index: number): unknown;
+  __hiwire_immortal_add(value: unknown): number;
   wasmTable: WebAssembly.Table;
   LDSO: { loadedLibsByName: Record<string, unknown> };
   finalizationRegistry: FinalizationRegistry<unknown>;
@@ -235,10 +237,10 @@ function remove(FS: EmscriptenFS, tree: Map<string, NodeRecord>, paths: string[]
 }
 
 // The JS reference table's length: the first index it refuses, from `known` on.
-function tableLength(module: Module, known: number): number {
+export function tableLength(module: Module, known: number, get = module.__hiwire_get): number {
   for (let length = known;; length++) {
     try {
-      module.__hiwire_get(length);
+      get(length);
     } catch {
       return length;
     }
@@ -250,6 +252,11 @@ export function taint(reason: string): void {
   if (watching) taints.add(reason);
 }
 
+// What has reached past the checks so far: a checkpoint carries it to the sandbox it restores into.
+export function taintsSoFar(): string[] {
+  return [...taints];
+}
+
 export type RecycleOutcome = { clean: true; dataLost: boolean } | { clean: false; reason: string };
 
 export class CleanState {
@@ -258,7 +265,11 @@ export class CleanState {
   readonly memory: Uint8Array;
   readonly stackPointer: number;
   readonly table: unknown[];
+  // Pyodide's table of JS values it keeps for good (interned): it only grows.
+  readonly immortals: number;
   readonly wasmTableLength: number;
+  // The function table's entries: a C callback made since (ctypes) may fill a free slot.
+  readonly wasmTableEntries: unknown[];
   readonly libraries: number;
   private readonly realm: Map<object, Shape>;
   readonly files: Map<string, NodeRecord>;
@@ -281,7 +292,9 @@ export class CleanState {
     this.module = module;
     this.stackPointer = module.stackSave();
     this.table = Array.from({ length: tableLength(module, 0) }, (_, i) => module.__hiwire_get(i));
+    this.immortals = tableLength(module, 0, module.__hiwire_immortal_get);
     this.wasmTableLength = module.wasmTable.length;
+    this.wasmTableEntries = Array.from({ length: this.wasmTableLength }, (_, i) => module.wasmTable.get(i));
     this.libraries = Object.keys(module.LDSO.loadedLibsByName).length;
     const FS = module.FS;
     this.skipped = new Set([this.dataDir, "/proc", "/dev"]);

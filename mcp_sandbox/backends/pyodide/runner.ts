@@ -6,6 +6,8 @@
 // lines on stdout: code in the worker can write to stdout, but cannot forge a token.
 import {
   type CheckpointedMessage,
+  type ControlAnswer,
+  type ControlRequest,
   EXIT_SANDBOX_GONE,
   type HostMessage,
   type InitMessage,
@@ -20,12 +22,10 @@ import {
   SYNC_REPLY_MAX_BYTES,
   SYNC_REPLY_READY,
   SYNC_STATE,
-  type WorkerCheckpoint,
   type WorkerData,
   type WorkerInit,
   type WorkerMessage,
   type WorkerPost,
-  type WorkerRecycle,
   type WorkerRecycled,
   type WorkerRestore,
 } from "./protocol.ts";
@@ -43,13 +43,15 @@ const interruptBuffer = new Uint8Array(new SharedArrayBuffer(1));
 const syncState = new Int32Array(new SharedArrayBuffer(8));
 const syncData = new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
 let pendingSyncCall: number | null = null;
-// The request between runs in progress (recycle, checkpoint, restore): only the worker's answer
-// carrying its nonce counts, and sandboxed code never sees the nonce, so it cannot forge one.
-let asked: { nonce: string; answer: (post: WorkerPost) => void } | null = null;
+// Requests between runs (recycle, checkpoint, restore) and their answers travel on a private
+// channel: sandboxed code can listen to and post on the worker's own one, but never holds this
+// port, so it can neither see a request nor forge an answer. One request at a time.
+let control: MessagePort | null = null;
+let asked: ((answer: ControlAnswer) => void) | null = null;
 
-function ask(message: WorkerRecycle | WorkerCheckpoint | WorkerRestore, answer: (post: WorkerPost) => void, transfer: ArrayBuffer[] = []): void {
-  asked = { nonce: message.nonce, answer };
-  worker?.postMessage(message, transfer);
+function ask(message: ControlRequest, answer: (answer: ControlAnswer) => void, transfer: ArrayBuffer[] = []): void {
+  asked = answer;
+  control?.postMessage(message, transfer);
 }
 
 // A checkpoint file's place: a bare name in the host's checkpoint folder, nowhere else.
@@ -153,13 +155,7 @@ function startWorker(message: InitMessage): Worker {
     deno: { permissions },
   } as WorkerOptions);
   started.onmessage = (event: MessageEvent<WorkerPost>) => {
-    const { id, json, exiting, syncCall, nonce } = event.data;
-    if (nonce !== undefined && nonce === asked?.nonce) {
-      const { answer } = asked;
-      asked = null;
-      answer(event.data);
-      return;
-    }
+    const { id, json, exiting, syncCall } = event.data;
     if (id === null) {
       // Sandboxed code can post too: between results only these kinds pass, never a result.
       let kind: unknown;
@@ -195,6 +191,13 @@ function startWorker(message: InitMessage): Worker {
     sendMessage({ type: "fatal", message: `worker error: ${event.message}` });
     Deno.exit(EXIT_SANDBOX_GONE);
   };
+  const channel = new MessageChannel();
+  control = channel.port1;
+  control.onmessage = (event: MessageEvent<ControlAnswer>) => {
+    const answer = asked;
+    asked = null;
+    answer?.(event.data);
+  };
   const init: WorkerInit = {
     type: "init",
     guest_modules: message.guest_modules,
@@ -202,10 +205,11 @@ function startWorker(message: InitMessage): Worker {
     interruptBuffer,
     syncState,
     syncData,
+    control: channel.port2,
     ...(message.packages_dir ? { packagesDir: message.packages_dir } : {}),
     ...(message.snapshot ? { snapshot: message.snapshot } : {}),
   };
-  started.postMessage(init);
+  started.postMessage(init, [channel.port2]);
   sendData(started, message.data_dir);
   return started;
 }
@@ -236,7 +240,7 @@ function handle(message: HostMessage): void {
       runningId = null;
       pendingSyncCall = null;
       Atomics.store(interruptBuffer, 0, 0);
-      ask({ type: "recycle", id: message.id, nonce: crypto.randomUUID() }, ({ json }) => {
+      ask({ type: "recycle", id: message.id }, ({ json }) => {
         const { dataLost, ...answer } = JSON.parse(json) as WorkerRecycled;
         if (dataLost) sentData.clear(); // the worker emptied data/: the next run sends all of it
         sendMessage(answer);
@@ -250,7 +254,7 @@ function handle(message: HostMessage): void {
         refuse("the host named no valid checkpoint file");
         break;
       }
-      ask({ type: "checkpoint", id: message.id, nonce: crypto.randomUUID() }, ({ json, blob }) => {
+      ask({ type: "checkpoint", id: message.id }, ({ json, blob }) => {
         const answer = JSON.parse(json) as CheckpointedMessage;
         if (answer.saved) {
           try {
@@ -275,7 +279,7 @@ function handle(message: HostMessage): void {
         sendMessage({ type: "restored", id: message.id, restored: false, reason: String(error), ms: 0 });
         break;
       }
-      const restore: WorkerRestore = { type: "restore", id: message.id, nonce: crypto.randomUUID(), blob };
+      const restore: WorkerRestore = { type: "restore", id: message.id, blob };
       ask(restore, ({ json }) => sendMessage(JSON.parse(json) as RestoredMessage), [blob.buffer as ArrayBuffer]);
       break;
     }

@@ -75,10 +75,16 @@ TYPES = (
     "WorkerRecycled",
     "WorkerCheckpoint",
     "WorkerRestore",
+    "ControlRequest",
+    "ControlAnswer",
     "WorkerMessage",
     "WorkerPost",
 )
-_JS_TYPES = {protocol.Uint8Array: "Uint8Array", protocol.Int32Array: "Int32Array"}
+_JS_TYPES = {
+    protocol.Uint8Array: "Uint8Array",
+    protocol.Int32Array: "Int32Array",
+    protocol.MessagePort: "MessagePort",
+}
 _JS_TYPES[protocol.SharedArrayBuffer] = "SharedArrayBuffer"
 _SCALARS: dict[Any, str] = {str: "string", int: "number", float: "number", bool: "boolean", Any: "unknown"}
 _SCALARS[type(None)] = "null"

@@ -18,6 +18,8 @@ import {
   type RestoredMessage,
   type RunMessage,
   type RunnerMessage,
+  type ControlAnswer,
+  type ControlRequest,
   SYNC_LENGTH,
   SYNC_REPLY_READY,
   SYNC_STATE,
@@ -45,6 +47,8 @@ let channel: PyChannel;
 let interruptBuffer: Uint8Array;
 let currentId: number | null = null;
 let clean: CleanState | null = null;
+// The runner's private channel for recycle, checkpoint and restore (module scope: out of reach).
+let control: MessagePort;
 // A program ran since the clean point (or the last recycle): a restore needs a clean sandbox.
 let ranSinceClean = false;
 // Names in the session's globals that hold JavaScript objects (a checkpoint's refusal names them).
@@ -410,7 +414,7 @@ function recycle(message: WorkerRecycle): void {
     dataLost: outcome.clean && outcome.dataLost,
   };
   if (outcome.clean) ranSinceClean = false;
-  postToMain({ id: null, json: JSON.stringify(reply), exiting: false, nonce: message.nonce } satisfies WorkerPost);
+  control.postMessage({ json: JSON.stringify(reply) } satisfies ControlAnswer);
 }
 
 // Checkpoints (checkpoint.ts): the session's state as data, in idle time between runs.
@@ -446,9 +450,9 @@ function checkpoint(message: WorkerCheckpoint): void {
     bytes: outcome.saved ? outcome.blob.length : 0,
     ms: Math.round((performance.now() - started) * 100) / 100,
   };
-  const post: WorkerPost = { id: null, json: JSON.stringify(reply), exiting: false, nonce: message.nonce };
-  if (outcome.saved) post.blob = outcome.blob;
-  postToMain(post, outcome.saved ? [outcome.blob.buffer as ArrayBuffer] : []);
+  const answer: ControlAnswer = { json: JSON.stringify(reply) };
+  if (outcome.saved) answer.blob = outcome.blob;
+  control.postMessage(answer, outcome.saved ? [outcome.blob.buffer as ArrayBuffer] : []);
 }
 
 function restore(message: WorkerRestore): void {
@@ -466,7 +470,7 @@ function restore(message: WorkerRestore): void {
     reason,
     ms: Math.round((performance.now() - started) * 100) / 100,
   };
-  postToMain({ id: null, json: JSON.stringify(reply), exiting: false, nonce: message.nonce } satisfies WorkerPost);
+  control.postMessage({ json: JSON.stringify(reply) } satisfies ControlAnswer);
 }
 
 // JIT warm-up: V8 compiles Pyodide's hot WebAssembly functions only after they have run many
@@ -502,7 +506,7 @@ function warmUpStep(): void {
 // behind the run that is waiting for it, so it is handled at once.
 let queue: Promise<void> = Promise.resolve();
 
-async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }>): Promise<void> {
+async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }> | ControlRequest): Promise<void> {
   switch (message.type) {
     case "init":
       try {
@@ -533,12 +537,7 @@ async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }>):
   }
 }
 
-self.onmessage = (event: MessageEvent<WorkerMessage>) => {
-  const message = event.data;
-  if (message.type === "tool_result") {
-    channel.deliver(message.call, message.reply);
-    return;
-  }
+function enqueue(message: Exclude<WorkerMessage, { type: "tool_result" }> | ControlRequest): void {
   waiting++;
   queue = queue.then(() => handle(message)).catch((error) => {
     postRunnerMessage(null, { type: "progress", line: `sandbox set-up failed: ${error}` });
@@ -546,4 +545,18 @@ self.onmessage = (event: MessageEvent<WorkerMessage>) => {
     waiting--;
     lastMessageAt = performance.now(); // quiet time counts from the end of the last run
   });
+}
+
+self.onmessage = (event: MessageEvent<WorkerMessage>) => {
+  const message = event.data;
+  if (message.type === "tool_result") {
+    channel.deliver(message.call, message.reply);
+  } else if (message.type === "init") {
+    // Taken before any sandboxed code runs, and kept only here (see ControlRequest in protocol.py).
+    control = message.control;
+    control.onmessage = (request: MessageEvent<ControlRequest>) => enqueue(request.data);
+    enqueue(message);
+  } else {
+    enqueue(message);
+  }
 };
