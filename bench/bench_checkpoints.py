@@ -4,7 +4,7 @@ Run from the repository root:  .venv/bin/python bench/bench_checkpoints.py [--js
 
 Through the Python API (the same App the MCP server runs), pyodide, pool of 2:
 
-1. A session's warm calls made 1 s apart, so each is followed by a checkpoint: p50 with
+1. A session's warm calls made 3 s apart, so each is followed by a checkpoint: p50 with
    checkpoints on against off, and the CPU (server and sandboxes) per call, gaps included.
 2. One checkpoint, for three sessions (nothing, `x = 41` after a few imports, a 1 MB list):
    the worker's time, the bytes before compression and as stored.
@@ -34,7 +34,7 @@ from bench_clean_sandbox import cpu_seconds
 
 from mcp_sandbox import Sandbox
 
-GAP_S = 1.0  # longer than the quiet time a checkpoint waits for, plus the checkpoint
+GAP_S = 3.0  # longer than the quiet time a checkpoint waits for, plus the checkpoint
 SPACED_CALLS = 25
 RESUMES = 7
 #: The sessions-held row: sandboxes live at once (the rest hibernated).

@@ -23,8 +23,9 @@ SWEEP_INTERVAL = 5.0
 #: Seconds between progress reports of a running call.
 PROGRESS_INTERVAL = 1.0
 #: A session is checkpointed once it has been idle this long: calls sent back to back never
-#: wait behind one.
-CHECKPOINT_QUIET = 0.5
+#: wait behind one, and a busy session is not checkpointed between every two calls (an agent's
+#: turn between calls takes longer).
+CHECKPOINT_QUIET = 2.0
 
 #: Receives (seconds elapsed, latest line of output) while a call runs.
 ProgressReport = Callable[[float, str | None], Awaitable[None]]

@@ -33,6 +33,7 @@ def test_wheel_contains_the_runner(wheel: Path) -> None:
         "runner.ts",
         "worker.ts",
         "recycle.ts",
+        "checkpoint.ts",
         "protocol.ts",
         "options.ts",
         "snapshot.ts",

@@ -133,7 +133,9 @@ async def test_soak(backend: str) -> None:
         tree = process_tree(server)
     print(f"{backend}: {done} calls, {dict(sorted(outcomes.items()))}, server memory {grown / 2**20:+.1f} MB")
     assert not unanswered, unanswered[:5]
-    assert done >= 500, f"only {done} calls in {TIME_LIMIT:g} s"
+    # A floor against stalls, not a speed target (bench/ measures speed). 400 since sessions are
+    # checkpointed and each injected kill restores one (446-474 calls here, 500+ before).
+    assert done >= 400, f"only {done} calls in {TIME_LIMIT:g} s"
     assert outcomes["quick:ok"] > 0 and outcomes["timeout:Timeout"] > 0 and outcomes["sessionless"] > 0
     assert grown < MEMORY_GROWTH_LIMIT, f"server memory grew by {grown / 2**20:.0f} MB"
     with anyio.fail_after(20):
