@@ -212,3 +212,13 @@ async def test_a_taint_travels_with_its_checkpoint(client: Client) -> None:
     await client.call_tool("reset_session", {"session_id": "carrier"})
     probes = await next_calls_in(client, holder, "'probe'")
     assert not landed(probes, holder), "a sandbox restored from a tainted session was recycled"
+
+
+async def test_plain_calls_on_a_plain_server_reuse_one_recycled_sandbox(anyio_backend: str) -> None:
+    """No data folder, nothing but calls: each used sandbox is recycled, not replaced (a realm
+    that Deno itself settles after the clean point once made every recycle a replacement)."""
+    params = server_params(MCP_SANDBOX_BACKEND="pyodide", MCP_SANDBOX_POOL_SIZE="1")
+    async with Client(params) as plain:
+        sandbox, _ = await run_where(plain, "1 + 1")
+        for _ in range(3):
+            assert landed(await next_calls_in(plain, sandbox, "2 + 2"), sandbox), "the sandbox was replaced"

@@ -322,12 +322,27 @@ async function init(message: WorkerInit): Promise<void> {
   jsHolders = pyodide.runPython(JS_HOLDERS, { globals: pyodide.toPy({}) }) as PyCallable;
   const facade = limitPyodideModule();
   reportReachingPast();
+  await settleMessagePorts();
   clean = new CleanState(pyodide, GUEST_DATA, [facade]);
   postRunnerMessage(null, {
     type: "ready",
     python: sys.version.split(" ")[0],
     pyodide: pyodide.version,
     load_ms: Math.round(performance.now() - started),
+  });
+}
+
+// Deno finishes setting up message ports when the first port message arrives (it redefines
+// queueMicrotask then): one round trip before the clean point, or every used sandbox's realm
+// would differ from its clean walk and none would ever be recycled.
+function settleMessagePorts(): Promise<void> {
+  return new Promise((resolve) => {
+    const { port1, port2 } = new MessageChannel();
+    port1.onmessage = () => {
+      port1.close();
+      resolve();
+    };
+    port2.postMessage(null);
   });
 }
 
