@@ -182,13 +182,16 @@ async def many_sessions(state_dir: Path, count: int) -> dict[str, float]:
         group.start_soon(watch)
         began = time.perf_counter()
         for i in range(count):
-            result = await sandbox.run(f"data = [{i}] * 131_072  # 1 MB of references", session_id=f"s{i}")
+            # 1 MB of references: tuple.__itemsize__ is a pointer's size (4 bytes in WebAssembly).
+            result = await sandbox.run(f"data = [{i}] * (2**20 // tuple.__itemsize__)", session_id=f"s{i}")
             assert result.success, result
         filled = time.perf_counter() - began
         wrong = 0
         began = time.perf_counter()
         for i in range(count):
-            result = await sandbox.run(f"len(data) == 131_072 and data[-1] == {i}", session_id=f"s{i}")
+            result = await sandbox.run(
+                f"len(data) == 2**20 // tuple.__itemsize__ and data[-1] == {i}", session_id=f"s{i}"
+            )
             wrong += result.result != "True"
         answered = time.perf_counter() - began
         group.cancel_scope.cancel()

@@ -151,6 +151,7 @@ class App:
         self._sessions = sessions
         task_group.start_soon(sessions.expire_idle)
         task_group.start_soon(sessions.hibernate_idle)
+        task_group.start_soon(sessions.renew_leases)
         logger.info(
             "mcp-sandbox %s: %s backend, %d sandboxes kept ready",
             __version__,
@@ -183,8 +184,9 @@ class App:
         """Check the call, run the code (the policy first, when it is on), keep the record and
         copy output files out.
 
-        Raises InvalidRequest for arguments over a limit, and PoolUnavailable or
-        SessionLimitReached when no sandbox can be had.
+        Raises InvalidRequest for arguments over a limit, PoolUnavailable or
+        SessionLimitReached when no sandbox can be had, and SessionElsewhere when another
+        instance sharing the state folder runs the session.
         """
         settings = self.settings
         check_request(settings, code, session_id, timeout)

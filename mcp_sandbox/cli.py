@@ -12,10 +12,12 @@ import itertools
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,14 +40,14 @@ from mcp_sandbox.doctor import (
     package_location,
     run_checks,
 )
-from mcp_sandbox.http_auth import BearerAuth
 from mcp_sandbox.packages import PackageError, default_index_url, fetch_packages
 from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.server import build_server
-from mcp_sandbox.sessions import SessionLimitReached
+from mcp_sandbox.sessions import SessionElsewhere, SessionLimitReached
 from mcp_sandbox.settings import Settings
+from mcp_sandbox.web import BearerAuth, RoutingSessionId
 
 logger = logging.getLogger("mcp_sandbox")
 
@@ -60,6 +62,7 @@ EXPECTED_ERRORS = (
     PackageError,
     PoolUnavailable,
     SessionLimitReached,
+    SessionElsewhere,
     InvalidRequest,
 )
 
@@ -207,11 +210,32 @@ async def serve(settings: Settings, transport: Transport, host: str, port: int) 
             web_app: Any = server.sse_app(host=host)
         else:
             logger.info("serving MCP over streamable HTTP at http://%s:%d/mcp", host, port)
-            web_app = server.streamable_http_app(host=host)
+            web_app = server.streamable_http_app(host=host, stateless_http=settings.stateless_http)
+            if settings.stateless_http:
+                web_app = RoutingSessionId(web_app)
         if settings.auth_token is not None:
             web_app = BearerAuth(web_app, settings.auth_token.get_secret_value())
         config = uvicorn.Config(web_app, host=host, port=port, log_level=settings.log_level.lower())
-        await uvicorn.Server(config).serve()
+        await _WebServer(config).serve()
+
+
+class _WebServer(uvicorn.Server):
+    """Stops serving on SIGINT or SIGTERM and returns, so the App closes: sessions that ran since
+    their last checkpoint are saved and their leases given up (uvicorn itself would raise the
+    signal again on return, ending the process before that)."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 async def run_program(settings: Settings, code: str) -> int:

@@ -68,7 +68,8 @@ class Sandbox:
 
         Errors in the code are in the result (`success`, `error_type`), never raised. Raises
         InvalidRequest (a ValueError, with the tool's message) for code, a session id or a
-        timeout over a limit, and PoolUnavailable or SessionLimitReached when no sandbox can be had.
+        timeout over a limit, PoolUnavailable or SessionLimitReached when no sandbox can be had,
+        and SessionElsewhere when another instance sharing the state folder runs the session.
         """
         return await self._started().execute(code, timeout=timeout, session_id=session_id)
 

@@ -6,7 +6,7 @@ Only the entry points (the command line) import this module; every limit lives i
 from __future__ import annotations
 
 import base64
-from typing import Annotated
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -25,14 +25,31 @@ from mcp_sandbox import __version__
 from mcp_sandbox.app import MAX_SESSION_ID_CHARS, SESSION_ID_PATTERN, App, InvalidRequest
 from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.result import ExecutionResult
-from mcp_sandbox.sessions import SessionLimitReached
+from mcp_sandbox.sessions import SessionElsewhere, SessionLimitReached
 
 #: Output text files up to this size also come back as embedded resources.
 INLINE_TEXT_BYTES = 64 * 1024
 #: MIME types a client can show as an image.
 IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
-#: Shown in the schema for clients; the App checks it, so every adapter gives the same error.
-SESSION_ID_SCHEMA = {"pattern": SESSION_ID_PATTERN, "maxLength": MAX_SESSION_ID_CHARS}
+#: The header a client mirrors a call's session id into (MCP 2026-07-28 `x-mcp-header`), so a
+#: load balancer can send each session's calls to one instance (docs/deploy.md).
+SESSION_HEADER_TOKEN = "Session-Id"
+
+
+def session_id_schema(schema: dict[str, Any]) -> None:
+    """The session id's schema: shown to clients (the App checks it, so every adapter gives the
+    same error) and mirrored into Mcp-Param-Session-Id, which needs a plain string type (a client
+    drops a tool whose annotation sits on an anyOf), so an omitted id is simply absent."""
+    schema.pop("anyOf", None)
+    schema.pop("default", None)
+    schema.update(
+        {
+            "type": "string",
+            "pattern": SESSION_ID_PATTERN,
+            "maxLength": MAX_SESSION_ID_CHARS,
+            "x-mcp-header": SESSION_HEADER_TOKEN,
+        }
+    )
 
 
 class ResetResult(BaseModel):
@@ -132,7 +149,7 @@ def build_server(app: App) -> MCPServer:
             str | None,
             Field(
                 description="Run in this named session to keep state between calls; omit for a clean run.",
-                json_schema_extra=SESSION_ID_SCHEMA,
+                json_schema_extra=session_id_schema,
             ),
         ] = None,
     ) -> Annotated[CallToolResult, ExecutionResult]:
@@ -142,19 +159,19 @@ def build_server(app: App) -> MCPServer:
 
         try:
             result = await app.execute(code, timeout=timeout, session_id=session_id, progress=report)
-        except (InvalidRequest, PoolUnavailable, SessionLimitReached) as error:
+        except (InvalidRequest, PoolUnavailable, SessionLimitReached, SessionElsewhere) as error:
             raise ToolError(str(error)) from None
         return tool_result(result)
 
     async def reset_session(
         session_id: Annotated[
-            str, Field(description="The session to clear.", json_schema_extra=SESSION_ID_SCHEMA)
+            str, Field(description="The session to clear.", json_schema_extra=session_id_schema)
         ],
     ) -> ResetResult:
         """Clear a session: its variables are dropped and its sandbox is stopped."""
         try:
             existed = await app.reset_session(session_id)
-        except InvalidRequest as error:
+        except (InvalidRequest, SessionElsewhere) as error:
             raise ToolError(str(error)) from None
         return ResetResult(session_id=session_id, existed=existed)
 

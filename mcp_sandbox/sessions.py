@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -14,7 +17,15 @@ from mcp_sandbox.backends.base import Backend, Executor, SandboxStartError
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
-from mcp_sandbox.store import DirectoryStore, SavedState, StateUnusable, StoreError
+from mcp_sandbox.store import (
+    DirectoryStore,
+    Lease,
+    LeaseHeld,
+    LeaseLost,
+    SavedState,
+    StateUnusable,
+    StoreError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +37,9 @@ PROGRESS_INTERVAL = 1.0
 #: wait behind one, and a busy session is not checkpointed between every two calls (an agent's
 #: turn between calls takes longer).
 CHECKPOINT_QUIET = 2.0
+#: A server that stops checkpoints the sessions that ran since their last checkpoint, for at most
+#: this long in all (a stop is the first half of a restart or of a move to another instance).
+CLOSING_SAVE_S = 10.0
 
 #: Receives (seconds elapsed, latest line of output) while a call runs.
 ProgressReport = Callable[[float, str | None], Awaitable[None]]
@@ -69,6 +83,10 @@ class SessionLimitReached(Exception):
     """Every session slot is taken."""
 
 
+class SessionElsewhere(Exception):
+    """Another instance sharing the state folder runs the session, and kept it past the wait."""
+
+
 @dataclass(eq=False)
 class Session:
     session_id: str
@@ -88,6 +106,8 @@ class Session:
     saved_lost: tuple[str, ...] = ()
     #: Its state lives only in the store (hibernated); its next call resumes it, as if never gone.
     hibernated: bool = False
+    #: This instance's right to run it (instances sharing a state folder); held while it is live.
+    lease: Lease | None = None
 
     @property
     def live(self) -> bool:
@@ -116,6 +136,8 @@ class SessionPool:
         #: Where each running executor's output lines go (its call's progress relay).
         self._relays: dict[Executor, ProgressRelay] = {}
         self._closing = False
+        #: Names this instance in the leases it takes (and in the errors of other instances).
+        self.instance = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
     def attach(
         self, pool: ReadyPool, backend: Backend | None = None, task_group: anyio.abc.TaskGroup | None = None
@@ -165,6 +187,7 @@ class SessionPool:
             session = self._sessions[session_id] = Session(session_id)
         async with session.lock:
             try:
+                await self._hold_lease(session)
                 resumed = Resumed()
                 if session.executor is None or not session.executor.alive:
                     if session.executor is not None:
@@ -203,6 +226,81 @@ class SessionPool:
                     # Reset while this call waited or ran: the sandbox belongs to nobody now.
                     await self._ready_pool.release(session.executor)
                     session.executor = None
+                if session.executor is None:
+                    await self._release_lease(session)
+
+    def _leases_on(self) -> bool:
+        return self._checkpoints_on()  # without checkpoints no other instance could take a session up
+
+    async def _hold_lease(self, session: Session) -> None:
+        """Make sure this instance holds the session's lease (its lock held), waiting up to
+        MCP_SANDBOX_LEASE_SECONDS for another instance's to run out. A sandbox kept from before
+        another instance ran the session is given back: its state is older than the store's.
+        Raises SessionElsewhere."""
+        if not self._leases_on():
+            return
+        assert self._store is not None
+        store, seconds = self._store, self._settings.lease_seconds
+        held = session.lease
+        if held is not None and held.expires - time.time() > seconds / 2:
+            return  # renewed in the background; nobody can have taken it
+        deadline = time.monotonic() + seconds + 1
+        while True:
+            try:
+                lease = await anyio.to_thread.run_sync(
+                    store.acquire_lease, session.session_id, self.instance, seconds
+                )
+                break
+            except LeaseHeld as error:
+                if time.monotonic() >= deadline:
+                    raise SessionElsewhere(
+                        f"session {session.session_id!r} is running on another instance of this server "
+                        f"({error}); send each session's calls to one instance (docs/deploy.md: hash on "
+                        "Mcp-Session-Id), or retry once that instance has stopped"
+                    ) from None
+                await anyio.sleep(min(1.0, seconds / 10))
+            except StoreError as error:
+                logger.warning("session %r runs without a lease: %s", session.session_id, error)
+                session.lease = None
+                return
+        taken_meanwhile = held is None or lease.token != held.token
+        session.lease = lease
+        if taken_meanwhile and session.executor is not None:
+            await self._ready_pool.release(session.executor)
+            session.executor, session.hibernated = None, True
+
+    async def _release_lease(self, session: Session) -> None:
+        lease, session.lease = session.lease, None
+        if lease is not None and self._store is not None:
+            await anyio.to_thread.run_sync(self._store.release_lease, lease)
+
+    async def renew_leases(self) -> None:
+        """Renew the leases of live sessions every third of MCP_SANDBOX_LEASE_SECONDS, forever (run
+        it in a task). A lease found taken (this instance stalled past it) gives its sandbox up."""
+        if not self._leases_on():
+            return
+        assert self._store is not None
+        store, seconds = self._store, self._settings.lease_seconds
+        while True:
+            await anyio.sleep(seconds / 3)
+            for session in list(self._sessions.values()):
+                lease = session.lease
+                if lease is None:
+                    continue
+                try:
+                    renewed = await anyio.to_thread.run_sync(store.renew_lease, lease, seconds)
+                except LeaseLost:
+                    logger.warning("session %r was taken over by another instance", session.session_id)
+                    if session.lease is lease:
+                        session.lease = None
+                    if not session.lock.locked() and session.executor is not None:
+                        await self._ready_pool.release(session.executor)
+                        session.executor, session.hibernated = None, True
+                except StoreError as error:
+                    logger.warning("session %r: %s", session.session_id, error)
+                else:
+                    if session.lease is lease:
+                        session.lease = renewed
 
     async def _resume(self, session: Session, *, killed: bool = False) -> Resumed:
         """Give a session without a sandbox a new one holding its last checkpoint, if it has one.
@@ -294,11 +392,14 @@ class SessionPool:
             return False  # nothing ran since: asking again would get the same answer
         if executor is None or not executor.alive:
             return False
+        lease = session.lease
+        if self._leases_on() and lease is None:
+            return False  # another instance may run it now: its checkpoint is the one to keep
         saved = await executor.checkpoint()
         if not isinstance(saved, str):
             state = SavedState(self._backend.name, self._backend.build, saved.payload, call, saved.lost)
             try:
-                await anyio.to_thread.run_sync(self._store.save, session.session_id, state)
+                await anyio.to_thread.run_sync(self._store.save, session.session_id, state, lease)
             except StoreError as error:
                 saved = str(error)
             else:
@@ -330,6 +431,7 @@ class SessionPool:
             executor, session.executor = session.executor, None
             session.hibernated = True
             await self._ready_pool.release(executor)
+            await self._release_lease(session)
         logger.info("session %r hibernated after call %d", session.session_id, session.saved_call)
         return True
 
@@ -381,7 +483,25 @@ class SessionPool:
 
     async def reset(self, session_id: str) -> bool:
         """Forget a session, stop its sandbox and delete its saved state; True if it existed.
-        A checkpoint being written meanwhile deletes what it wrote (see `_save`)."""
+        A checkpoint being written meanwhile deletes what it wrote (see `_save`). Raises
+        SessionElsewhere when another instance runs the session."""
+        known = self._sessions.get(session_id)
+        if self._leases_on() and (known is None or known.lease is None):
+            assert self._store is not None
+            try:
+                lease = await anyio.to_thread.run_sync(
+                    self._store.acquire_lease, session_id, self.instance, self._settings.lease_seconds
+                )
+            except LeaseHeld as error:
+                raise SessionElsewhere(
+                    f"session {session_id!r} is running on another instance of this server ({error}); "
+                    "reset it through that instance, or once it has stopped"
+                ) from None
+            except StoreError:
+                lease = None
+            if lease is not None:
+                await anyio.to_thread.run_sync(self._store.delete, session_id)
+                await anyio.to_thread.run_sync(self._store.release_lease, lease)
         session = self._sessions.pop(session_id, None)
         if session is not None and session.executor is not None:
             if session.lock.locked() or self._closing:
@@ -392,6 +512,8 @@ class SessionPool:
                 session.executor = None
         if self._store is not None:
             await anyio.to_thread.run_sync(self._store.delete, session_id)
+        if session is not None:
+            await self._release_lease(session)
         return session is not None
 
     async def expire_idle(self) -> None:
@@ -411,9 +533,16 @@ class SessionPool:
                     await self.reset(session.session_id)
 
     async def close(self) -> None:
+        if self._checkpoints_on():
+            with anyio.move_on_after(CLOSING_SAVE_S):
+                for session in list(self._sessions.values()):
+                    if session.live and not session.lock.locked() and session.calls != session.saved_call:
+                        async with session.lock:
+                            await self._save(session)
         self._closing = True
         for session in list(self._sessions.values()):
             # Stopped, not ended: their saved state stays for the next server on this store.
             self._sessions.pop(session.session_id, None)
             if session.executor is not None:
                 await session.executor.close()
+            await self._release_lease(session)

@@ -87,6 +87,19 @@ class Settings(BaseSettings):
         description="pyodide, subprocess: a session idle this many seconds is written to the store and its "
         "sandbox given back, freeing its memory; its next call brings it back as it was (0: never).",
     )
+    lease_seconds: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="Instances sharing state_dir: how long one's claim on a session lasts unless renewed "
+        "(every third of it). A call for a session another instance holds waits this long for it, so a "
+        "stopped or dead instance's sessions move within it.",
+    )
+    stateless_http: bool = Field(
+        False,
+        description="Streamable HTTP: serve each request on its own, so any instance behind a load balancer "
+        "can answer it; clients still get an Mcp-Session-Id to route on (docs/deploy.md).",
+    )
     max_live_sandboxes: int = Field(
         0,
         ge=0,

@@ -5,18 +5,25 @@ ever unpickles. The host compresses it, adds a SHA-256 of it (which finds damage
 it is not a signature: whoever can write the folder can write a valid file) and writes it so that
 a crash or a full disk never leaves a half-written file in its place. Files are the owner's alone
 (0600 in a 0700 folder), and no sandbox is given the folder.
+
+Instances that share the folder (a volume several servers mount) take a lease on a session
+before they run it, so two never run one session at once; a lease not renewed runs out, so a
+dead instance's sessions move to the next instance that is asked for them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import secrets
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +42,48 @@ class StoreError(Exception):
     """A state could not be saved (disk full, over a cap); the message says which and what to do."""
 
 
+class LeaseLost(StoreError):
+    """This instance's lease on a session ran out and another instance took it."""
+
+
 class StateUnusable(Exception):
     """A state file exists but cannot be used (corrupt, cut short, another version, tampered)."""
+
+
+class LeaseHeld(Exception):
+    """Another instance runs the session; its lease runs out at `expires` unless it is renewed."""
+
+    def __init__(self, owner: str, expires: float) -> None:
+        super().__init__(f"held by {owner} until {time.strftime('%H:%M:%S', time.localtime(expires))}")
+        self.owner, self.expires = owner, expires
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The right to run one session, until `expires` (wall clock: instances share no other)."""
+
+    session_id: str
+    owner: str
+    #: Unique per acquisition: a lease taken over and taken back is not the same lease.
+    token: str
+    expires: float
+
+    def same(self, other: Lease | None) -> bool:
+        """The same lease, whatever its expiry (renewals move it)."""
+        return other is not None and (self.session_id, self.owner, self.token) == (
+            other.session_id,
+            other.owner,
+            other.token,
+        )
+
+
+class _LeaseFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    owner: str
+    token: str
+    expires: float
 
 
 @dataclass(frozen=True)
@@ -78,15 +125,20 @@ class DirectoryStore:
     def __init__(self, root: Path, *, max_session_bytes: int, max_total_bytes: int) -> None:
         self.root = root
         self._states = root / "sessions"
+        self._leases = root / "leases"
+        self._thread_lock = threading.Lock()
         self.max_session_bytes = max_session_bytes
         self.max_total_bytes = max_total_bytes
         root.mkdir(mode=0o700, parents=True, exist_ok=True)  # the operator's folder keeps its mode
-        self._states.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(self._states, 0o700)  # mkdir's mode yields to the umask, and the folder may be older
+        for folder in (self._states, self._leases):
+            folder.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(folder, 0o700)  # mkdir's mode yields to the umask, and the folder may be older
 
     def _path(self, session_id: str) -> Path:
-        # Hashed: a session id never becomes a path, whatever it contains.
-        return self._states / f"{hashlib.sha256(session_id.encode()).hexdigest()[:40]}.state"
+        return self._states / f"{_file_name(session_id)}.state"
+
+    def _lease_path(self, session_id: str) -> Path:
+        return self._leases / f"{_file_name(session_id)}.lease"
 
     def bytes_used(self) -> int:
         total = 0
@@ -95,8 +147,9 @@ class DirectoryStore:
                 total += path.stat().st_size
         return total
 
-    def save(self, session_id: str, state: SavedState) -> int:
-        """Write `state` in place of the session's last one; the bytes stored. Raises StoreError."""
+    def save(self, session_id: str, state: SavedState, lease: Lease | None = None) -> int:
+        """Write `state` in place of the session's last one; the bytes stored. Raises StoreError,
+        and LeaseLost when `lease` is no longer held (another instance runs the session now)."""
         if len(state.payload) > self.max_session_bytes:
             raise StoreError(
                 f"the session's state is {len(state.payload) / 2**20:.1f} MB, over the "
@@ -133,7 +186,16 @@ class DirectoryStore:
                 file.write(compressed)
                 file.flush()
                 os.fsync(file.fileno())
-            os.replace(partial, target)
+            if lease is None:
+                os.replace(partial, target)
+            else:
+                with self._lease_lock():
+                    if not lease.same(self._read_lease(session_id)):
+                        raise LeaseLost(f"session {session_id!r} is run by another instance now")
+                    os.replace(partial, target)
+        except LeaseLost:
+            partial.unlink(missing_ok=True)
+            raise
         except OSError as error:
             partial.unlink(missing_ok=True)
             if error.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -180,16 +242,110 @@ class DirectoryStore:
 
     def delete_older_than(self, seconds: float, keep: set[str]) -> int:
         """Delete states not written for `seconds`, except those of the sessions in `keep`
-        (this server's, which it expires itself); how many. Sessions a stopped server left."""
-        kept = {self._path(session_id).name for session_id in keep}
-        deadline, deleted = time.time() - seconds, 0
+        (this server's, which it expires itself) and those another instance holds a lease on;
+        how many. Sessions a stopped server left, and leases long run out."""
+        kept = {_file_name(session_id) for session_id in keep}
+        now = time.time()
+        deadline, deleted = now - seconds, 0
+        for path in self._leases.glob("*.lease"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < deadline:
+                    path.unlink()
         for path in self._states.glob("*.state"):
             with contextlib.suppress(OSError):
-                if path.name not in kept and path.stat().st_mtime < deadline:
-                    path.unlink()
-                    deleted += 1
+                name = path.name.removesuffix(".state")
+                if name in kept or path.stat().st_mtime >= deadline:
+                    continue
+                lease = self._leases / f"{name}.lease"
+                if lease.exists() and lease.stat().st_mtime >= now - seconds:
+                    continue  # a live instance may hold it (its lease file is renewed)
+                path.unlink()
+                deleted += 1
         return deleted
 
     def delete(self, session_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(session_id).unlink()
+
+    # Leases. The read-decide-write of each runs under one lock on leases/.lock (held for
+    # microseconds; a volume shared between machines must support file locks, as NFSv4, CephFS
+    # and EFS do), so two instances never both take one. One lock file: none is ever deleted.
+
+    @contextlib.contextmanager
+    def _lease_lock(self) -> Iterator[None]:
+        # flock belongs to the open file (two stores in one process exclude each other); where a
+        # network file system turns it into a lock of the whole process, the thread lock still holds.
+        with self._thread_lock:
+            fd = os.open(self._leases / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing releases the lock
+
+    def _read_lease(self, session_id: str) -> Lease | None:
+        """The lease on record, or None (none, or unreadable: a lease nobody can prove is no lease)."""
+        try:
+            data = self._lease_path(session_id).read_bytes()[:MAX_HEADER_BYTES]
+            record = _LeaseFile.model_validate_json(data)
+        except (OSError, ValueError):
+            return None
+        if record.session_id != session_id:
+            return None
+        return Lease(record.session_id, record.owner, record.token, record.expires)
+
+    def _write_lease(self, lease: Lease) -> None:
+        target = self._lease_path(lease.session_id)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+        record = _LeaseFile(
+            session_id=lease.session_id, owner=lease.owner, token=lease.token, expires=lease.expires
+        )
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as file:
+                file.write(record.model_dump_json().encode())
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def acquire_lease(self, session_id: str, owner: str, seconds: float) -> Lease:
+        """A lease on the session for `seconds`, for `owner`; its token is the one the owner held
+        if nobody took the lease since. Raises LeaseHeld while another owner's lease runs, and
+        StoreError when the folder cannot be written."""
+        try:
+            with self._lease_lock():
+                held = self._read_lease(session_id)
+                now = time.time()
+                if held is not None and held.owner != owner and held.expires > now:
+                    raise LeaseHeld(held.owner, held.expires)
+                # The owner's own record keeps its token, even run out: nobody took the lease since.
+                token = held.token if held is not None and held.owner == owner else secrets.token_hex(8)
+                lease = Lease(session_id, owner, token, now + seconds)
+                self._write_lease(lease)
+                return lease
+        except OSError as error:
+            raise StoreError(f"the session's lease could not be taken: {error}") from error
+
+    def renew_lease(self, lease: Lease, seconds: float) -> Lease:
+        """The same lease, running `seconds` from now. Raises LeaseLost when it is no longer
+        held (it ran out and another instance took it), and StoreError."""
+        try:
+            with self._lease_lock():
+                if not lease.same(self._read_lease(lease.session_id)):
+                    raise LeaseLost(f"session {lease.session_id!r} is run by another instance now")
+                renewed = Lease(lease.session_id, lease.owner, lease.token, time.time() + seconds)
+                self._write_lease(renewed)
+                return renewed
+        except OSError as error:
+            raise StoreError(f"the session's lease could not be renewed: {error}") from error
+
+    def release_lease(self, lease: Lease) -> None:
+        """Give the lease up, if it is still this one, so another instance need not wait it out."""
+        with contextlib.suppress(OSError), self._lease_lock():
+            if lease.same(self._read_lease(lease.session_id)):
+                self._lease_path(lease.session_id).unlink()
+
+
+def _file_name(session_id: str) -> str:
+    # Hashed: a session id never becomes a path, whatever it contains.
+    return hashlib.sha256(session_id.encode()).hexdigest()[:40]

@@ -49,7 +49,7 @@ from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.protocol import MAX_TOOL_REPLY_CHARS
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
-from mcp_sandbox.sessions import SessionLimitReached
+from mcp_sandbox.sessions import SessionElsewhere, SessionLimitReached
 from mcp_sandbox.settings import BackendName, Settings
 
 __all__ = ["CodeExecutionError", "CodeInterpreterError", "FinalOutput", "SandboxInterpreter"]
@@ -364,7 +364,7 @@ class SandboxInterpreter:
             return runtime.portal.call(run)
         except InvalidRequest as error:  # the code is over a limit: the program's to fix
             raise CodeExecutionError(str(error)) from None
-        except (PoolUnavailable, SessionLimitReached, RuntimeError) as error:
+        except (PoolUnavailable, SessionLimitReached, SessionElsewhere, RuntimeError) as error:
             self._end()
             raise CodeInterpreterError(f"the sandbox is unavailable: {error}") from error
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -64,6 +66,28 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+@asynccontextmanager
+async def http_server(transport: str = "http", **env: str) -> AsyncIterator[tuple[int, anyio.abc.Process]]:
+    """A server process serving `transport` (http or sse) on 127.0.0.1: (port, process). Stopped
+    with SIGTERM (SIGKILL after 10 s) unless the test ended it itself."""
+    port = free_port()
+    command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", transport, "--port", str(port)]
+    process = await anyio.open_process(
+        command, env=server_env(MCP_SANDBOX_POOL_SIZE="1", **env), stdout=subprocess.DEVNULL
+    )
+    try:
+        await wait_for_port(port, process)
+        yield port, process
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            with anyio.move_on_after(10):
+                await process.wait()
+        if process.returncode is None:
+            process.kill()
+        await process.aclose()
 
 
 async def wait_for_port(port: int, process: anyio.abc.Process, limit: float = 60) -> None:

@@ -7,10 +7,7 @@ from __future__ import annotations
 import hashlib
 import signal
 import stat
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +16,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import call, free_port, server_env, server_params, wait_for_port
+from tests.integration.conftest import call, http_server, server_params
 
 pytestmark = pytest.mark.anyio
 
@@ -194,36 +191,15 @@ async def test_a_killed_server_restarted_on_the_same_folder_resumes_its_sessions
     tmp_path: Path, backend: str
 ) -> None:
     env = {"MCP_SANDBOX_BACKEND": backend, "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state")}
-    async with serving(env) as (port, process):
+    async with http_server(**env) as (port, process):
         async with Client(f"http://127.0.0.1:{port}/mcp") as client:
             await checkpointed(client, "x = 41", "survivor")
         process.send_signal(signal.SIGKILL)
         await process.wait()
-    async with serving(env) as (port, _), Client(f"http://127.0.0.1:{port}/mcp") as client:
+    async with http_server(**env) as (port, _), Client(f"http://127.0.0.1:{port}/mcp") as client:
         after = await call(client, "x + 1", session_id="survivor")
         assert after["result"] == "42", after
         assert after["session_restored"] is True and after["restored_from_call"] == 1
-
-
-@asynccontextmanager
-async def serving(env: dict[str, str]) -> AsyncIterator[tuple[int, anyio.abc.Process]]:
-    """A streamable HTTP server process on 127.0.0.1: (port, process)."""
-    port = free_port()
-    command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", "http", "--port", str(port)]
-    process = await anyio.open_process(
-        command, env=server_env(MCP_SANDBOX_POOL_SIZE="1", **env), stdout=subprocess.DEVNULL
-    )
-    try:
-        await wait_for_port(port, process)
-        yield port, process
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            with anyio.move_on_after(10):
-                await process.wait()
-        if process.returncode is None:
-            process.kill()
-        await process.aclose()
 
 
 def sandbox_processes(server: int) -> int:
@@ -247,7 +223,10 @@ async def test_ten_sessions_share_two_live_sandboxes_and_keep_their_state(
         "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"),
         "MCP_SANDBOX_MAX_LIVE_SANDBOXES": "2",
     }
-    async with serving(env) as (port, process), Client(f"http://127.0.0.1:{port}/mcp") as client:
+    async with (
+        http_server(**env) as (port, process),
+        Client(f"http://127.0.0.1:{port}/mcp") as client,
+    ):
         most = 0
         for i in range(10):
             result = await call(client, f"x = {i} * 41\nx", session_id=f"many-{i}")
@@ -269,7 +248,10 @@ async def test_an_idle_session_hibernates_and_comes_back_as_it_was(tmp_path: Pat
         "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"),
         "MCP_SANDBOX_HIBERNATE_AFTER": "1",
     }
-    async with serving(env) as (port, process), Client(f"http://127.0.0.1:{port}/mcp") as client:
+    async with (
+        http_server(**env) as (port, process),
+        Client(f"http://127.0.0.1:{port}/mcp") as client,
+    ):
         await call(client, "x = 41", session_id="sleeper")
         await call(
             client, "import os\npid = os.getpid() if hasattr(os, 'getpid') else 0", session_id="sleeper"
@@ -296,7 +278,10 @@ async def test_a_session_that_cannot_be_saved_whole_is_not_hibernated(tmp_path: 
         else "held = iter(x for x in [7])"
     )
     check = "held.mark" if backend == "pyodide" else "next(held)"
-    async with serving(env) as (port, process), Client(f"http://127.0.0.1:{port}/mcp") as client:
+    async with (
+        http_server(**env) as (port, process),
+        Client(f"http://127.0.0.1:{port}/mcp") as client,
+    ):
         await call(client, held, session_id="unsaved")
         await anyio.sleep(4)
         assert sandbox_processes(process.pid) >= 2, "the session kept its sandbox"

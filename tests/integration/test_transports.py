@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
@@ -18,7 +14,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.integration.conftest import call, free_port, server_env, wait_for_port
+from tests.integration.conftest import call, http_server
 
 pytestmark = pytest.mark.anyio
 
@@ -26,27 +22,8 @@ pytestmark = pytest.mark.anyio
 TOKEN = "a-test-token-0123456789"
 
 
-@asynccontextmanager
-async def running_server(transport: str, **env: str) -> AsyncIterator[int]:
-    port = free_port()
-    command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", transport, "--port", str(port)]
-    process = await anyio.open_process(
-        command, env=server_env(MCP_SANDBOX_POOL_SIZE="1", **env), stdout=subprocess.DEVNULL
-    )
-    try:
-        await wait_for_port(port, process)
-        yield port
-    finally:
-        process.terminate()
-        with anyio.move_on_after(10):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-        await process.aclose()
-
-
 async def test_streamable_http() -> None:
-    async with running_server("http") as port, Client(f"http://127.0.0.1:{port}/mcp") as client:
+    async with http_server("http") as (port, _), Client(f"http://127.0.0.1:{port}/mcp") as client:
         result = await call(client, "import sys\nsys.version_info[:2]", session_id="over-http")
         assert result["success"] is True and result["backend"] == "pyodide"
         assert (await call(client, "kept = 1", session_id="over-http"))["success"]
@@ -54,7 +31,7 @@ async def test_streamable_http() -> None:
 
 
 async def test_sse() -> None:
-    async with running_server("sse") as port, Client(sse_client(f"http://127.0.0.1:{port}/sse")) as client:
+    async with http_server("sse") as (port, _), Client(sse_client(f"http://127.0.0.1:{port}/sse")) as client:
         result = await call(client, "sum(range(10))")
         assert result["result"] == "45"
 
@@ -72,9 +49,10 @@ def status_of(port: int, path: str, headers: dict[str, str], method: str = "POST
 @pytest.mark.parametrize(("transport", "path"), [("http", "/mcp"), ("sse", "/sse")])
 async def test_a_token_is_required_when_set(transport: str, path: str) -> None:
     method = "POST" if transport == "http" else "GET"
-    async with running_server(
-        transport, MCP_SANDBOX_AUTH_TOKEN=TOKEN, MCP_SANDBOX_BACKEND="inprocess"
-    ) as port:
+    async with http_server(transport, MCP_SANDBOX_AUTH_TOKEN=TOKEN, MCP_SANDBOX_BACKEND="inprocess") as (
+        port,
+        _,
+    ):
         for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": TOKEN}):
             assert await anyio.to_thread.run_sync(status_of, port, path, headers, method) == 401, headers
         url = f"http://127.0.0.1:{port}{path}"
@@ -104,5 +82,5 @@ async def test_http_rejects_a_foreign_host_header() -> None:
         connection.close()
         return status
 
-    async with running_server("http") as port:
+    async with http_server("http") as (port, _):
         assert await anyio.to_thread.run_sync(post_with_foreign_host, port) in (403, 421)

@@ -1,0 +1,174 @@
+"""Two instances behind a real nginx, sharing one state folder (issue 17): nginx routes each
+client by its Mcp-Session-Id; when the instance that runs a session is killed, the next call
+goes to the other one, which takes the session's lease once it runs out and restores the
+session's last checkpoint. Real nginx, real server processes, real MCP client."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import pytest
+from mcp import Client
+
+from tests.integration.conftest import call, free_port, http_server, wait_for_port
+
+pytestmark = pytest.mark.anyio
+
+NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+LEASE_S = 3
+#: A checkpoint lands 2 s after a call (sessions.CHECKPOINT_QUIET), plus its own time.
+SETTLE_S = 30.0
+
+NGINX_CONFIG = """
+daemon off;
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log {root}/error.log warn;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    client_body_temp_path {root}/body;
+    proxy_temp_path {root}/proxy;
+    # A session's calls go to one instance: clients of MCP 2026-07-28 mirror the session id into
+    # Mcp-Param-Session-Id; older clients send back the Mcp-Session-Id the server gave them.
+    upstream sandboxes {{
+        hash "$http_mcp_param_session_id$http_mcp_session_id" consistent;
+        server 127.0.0.1:{first} max_fails=1 fail_timeout=60s;
+        server 127.0.0.1:{second} max_fails=1 fail_timeout=60s;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location /mcp {{
+            proxy_pass http://sandboxes;
+            proxy_http_version 1.1;
+            # The client's Host, which the server checks (DNS rebinding), not the upstream's name.
+            proxy_set_header Host $http_host;
+            proxy_buffering off;
+            proxy_read_timeout 120s;
+            # A dead instance refuses the connection: the request goes to the next one.
+            proxy_next_upstream error timeout;
+        }}
+    }}
+}}
+"""
+
+
+@pytest.fixture(params=["pyodide", "subprocess"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backends that checkpoint sessions (in-process keeps none)."""
+    name: str = request.param
+    return name
+
+
+@asynccontextmanager
+async def nginx(root: Path, first: int, second: int) -> AsyncIterator[int]:
+    assert NGINX is not None
+    port = free_port()
+    root.mkdir()
+    config = root / "nginx.conf"
+    config.write_text(NGINX_CONFIG.format(root=root, first=first, second=second, port=port))
+    process = await anyio.open_process([NGINX, "-c", str(config), "-p", str(root)], stderr=subprocess.PIPE)
+    try:
+        await wait_for_port(port, process, limit=20)
+        yield port
+    finally:
+        process.terminate()
+        with anyio.move_on_after(10):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+        await process.aclose()
+
+
+def lease_holder(state: Path, session_id: str) -> int | None:
+    """The pid of the instance whose lease on the session is on record (owner is host:pid:tag)."""
+    name = hashlib.sha256(session_id.encode()).hexdigest()[:40]
+    try:
+        record = json.loads((state / "leases" / f"{name}.lease").read_text())
+    except (OSError, ValueError):
+        return None
+    return int(record["owner"].split(":")[1])
+
+
+async def saved(state: Path, session_id: str) -> None:
+    name = hashlib.sha256(session_id.encode()).hexdigest()[:40]
+    with anyio.fail_after(SETTLE_S):
+        while not (state / "sessions" / f"{name}.state").exists():
+            await anyio.sleep(0.2)
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed (Debian: apt-get install nginx-light)")
+async def test_a_session_survives_the_loss_of_its_instance_behind_nginx(tmp_path: Path, backend: str) -> None:
+    """Both routes, one per backend run: pyodide with today's client (Mcp-Param-Session-Id), and
+    subprocess with a client of the initialize handshake (Mcp-Session-Id, stateless HTTP)."""
+    mode = "auto" if backend == "pyodide" else "legacy"
+    state = tmp_path / "state"
+    env = {
+        "MCP_SANDBOX_BACKEND": backend,
+        "MCP_SANDBOX_STATE_DIR": str(state),
+        "MCP_SANDBOX_STATELESS_HTTP": "true",
+        "MCP_SANDBOX_LEASE_SECONDS": str(LEASE_S),
+    }
+    async with AsyncExitStack() as stack:
+        first, first_process = await stack.enter_async_context(http_server(**env))
+        second, second_process = await stack.enter_async_context(http_server(**env))
+        instances = {first_process.pid: first_process, second_process.pid: second_process}
+        port = await stack.enter_async_context(nginx(tmp_path / "nginx", first, second))
+        client = await stack.enter_async_context(Client(f"http://127.0.0.1:{port}/mcp", mode=mode))
+        await client.list_tools()  # what tells a client to mirror the session id into a header
+
+        assert (await call(client, "x = 41", session_id="kept"))["success"]
+        holder = lease_holder(state, "kept")
+        assert holder in instances, "the instance that ran the call holds the session's lease"
+        for _ in range(3):  # one client's calls stay on one instance: no lease changes hands
+            assert (await call(client, "x", session_id="kept"))["result"] == "41"
+            assert lease_holder(state, "kept") == holder
+        await saved(state, "kept")
+
+        instances[holder].send_signal(signal.SIGKILL)
+        await instances[holder].wait()
+        with anyio.fail_after(60):
+            after = await call(client, "x == 41", session_id="kept")
+        assert after["result"] == "True", after
+        assert after["session_restored"] is True and after["restored_from_call"] >= 1, after
+        survivor = lease_holder(state, "kept")
+        assert survivor in instances and survivor != holder, "the other instance took the session over"
+        assert (await call(client, "x + 1", session_id="kept"))["result"] == "42"
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed (Debian: apt-get install nginx-light)")
+async def test_an_instance_that_holds_a_session_keeps_it_from_another(tmp_path: Path) -> None:
+    """Misrouted calls wait for the lease, then say what to fix; a stop hands sessions over at once."""
+    state = tmp_path / "state"
+    env = {
+        "MCP_SANDBOX_BACKEND": "subprocess",
+        "MCP_SANDBOX_STATE_DIR": str(state),
+        "MCP_SANDBOX_LEASE_SECONDS": str(LEASE_S),
+    }
+    async with AsyncExitStack() as stack:
+        first, first_process = await stack.enter_async_context(http_server(**env))
+        second, _ = await stack.enter_async_context(http_server(**env))
+        a = await stack.enter_async_context(Client(f"http://127.0.0.1:{first}/mcp"))
+        b = await stack.enter_async_context(Client(f"http://127.0.0.1:{second}/mcp"))
+        assert (await call(a, "x = 41", session_id="busy"))["success"]
+        refused = await b.call_tool("execute_python", {"code": "x", "session_id": "busy"})
+        assert refused.is_error
+        said = refused.content[0].text  # type: ignore[union-attr]
+        assert "another instance" in said and "Mcp-Session-Id" in said, said
+        # A stopped instance checkpoints what ran since its last checkpoint and gives its leases up.
+        assert (await call(a, "x += 1", session_id="busy"))["success"]
+        first_process.terminate()
+        await first_process.wait()
+        with anyio.fail_after(10):
+            moved = await call(b, "x", session_id="busy")
+        assert moved["result"] == "42", moved
