@@ -11,7 +11,9 @@ promises: `Blocked`, `Contained` (a given error_type, and the server keeps servi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -34,6 +36,7 @@ from mcp import Client
 from mcp_sandbox.backends.subprocess.confine import landlock_abi
 from mcp_sandbox.backends.subprocess.isolation import python_readable_by_anyone
 from mcp_sandbox.settings import Settings
+from mcp_sandbox.store import DirectoryStore, SavedState
 from tests.conftest import missing_tier
 from tests.integration.conftest import TEST_ENV, free_port, server_params
 
@@ -73,6 +76,10 @@ SERVER_SETTINGS = {
     "inprocess": {"MCP_SANDBOX_BACKEND": "inprocess"},
 }
 MEMORY_ERRORS = frozenset({"MemoryLimit", "MemoryError", "SandboxCrash"})
+#: Inside another session's saved state; must never reach a sandbox.
+STATE_MARKER = "saved-state-of-another-session"
+#: MCP_SANDBOX_MAX_STATE_MB of the red team's servers.
+STATE_CAP_MB = 16
 
 
 # --- outcomes ---------------------------------------------------------------------------------
@@ -212,6 +219,14 @@ class World:
     output: Path
     #: The server's HOME, with an SSH key in it.
     home: Path
+    #: MCP_SANDBOX_STATE_DIR, holding another session's saved state ("victim").
+    state: Path
+    victim_state: bytes
+
+
+def victim_state_path(world: World) -> Path:
+    (path,) = (world.state / "sessions").glob(f"{hashlib.sha256(b'victim').hexdigest()[:40]}.state")
+    return path
 
 
 @dataclass
@@ -262,6 +277,7 @@ class Host:
             "@CLOSED_PORT@": str(self.closed_port),
             "@DATA@": str(self.world.data),
             "@HOME@": str(self.world.home),
+            "@STATE@": str(self.world.state),
             "@VICTIM_PID@": str(self.victim().pid) if "@VICTIM_PID@" in code else "",
             "@TOUCH@": TOUCH,
             "@POISON@": repr([str(path) for path in POISON_TARGETS]),
@@ -467,6 +483,36 @@ def count_below(limit: int) -> Check:
 
 async def not_true(host: Host, reply: Reply) -> str | None:
     return "the program saw it" if reply.get("result") == "True" else None
+
+
+async def state_files_untouched(host: Host, reply: Reply) -> str | None:
+    sessions = host.world.state / "sessions"
+    if (sessions / "x.state").exists():
+        return "a file was planted among the saved sessions"
+    if victim_state_path(host.world).read_bytes() != host.world.victim_state:
+        return "another session's saved state was overwritten"
+    if (host.world.state / "leases" / f"{victim_state_path(host.world).stem}.lease").exists():
+        return "a lease was planted on another session"
+    return None
+
+
+async def state_store_capped(host: Host, reply: Reply) -> str | None:
+    """The checkpoint over the cap is refused whole: nothing partial on disk, and the session's
+    next result says why."""
+    if not reply.get("success"):
+        return f"the filler itself failed: {reply.summary()}"
+    await anyio.sleep(6)  # the checkpoint is tried 2 s after the call
+    after = await send(host.client, "len(filler)", "state-filler")
+    sessions = host.world.state / "sessions"
+    partial = [path.name for path in sessions.iterdir() if path.name.endswith(".part")]
+    if partial:
+        return f"partial state files were left: {partial}"
+    largest = max((path.stat().st_size for path in sessions.glob("*.state")), default=0)
+    if largest > STATE_CAP_MB * 2**20:
+        return f"a state file of {largest} bytes passed the {STATE_CAP_MB} MB cap"
+    if not any("MCP_SANDBOX_MAX_STATE_MB" in note for note in after.get("notes") or []):
+        return f"the session was not told its state is over the cap: {after.summary()}"
+    return None
 
 
 async def no_poison_in_environment(host: Host, reply: Reply) -> str | None:
@@ -1928,6 +1974,54 @@ ATTACKS: list[Attack] = [
             inprocess=Skip(f"{README_INPROCESS}: it would use up the server's own descriptors"),
         ),
     ),
+    # --- the saved sessions (MCP_SANDBOX_STATE_DIR): another session's state, a planted file, a full store
+    Attack(
+        "read_another_sessions_state",
+        program("""
+            import os
+            found = []
+            for root, _, files in os.walk("@STATE@"):
+                for name in files:
+                    try:
+                        with open(os.path.join(root, name), "rb") as file:
+                            found.append(file.read().decode("latin-1"))
+                    except OSError as error:
+                        found.append(type(error).__name__)
+            print(len(found), "\\n".join(found))
+        """),
+        not_shown(STATE_MARKER),
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=READS_DECIDE, inprocess=INPROCESS_SHARES),
+    ),
+    Attack(
+        "plant_a_state_file",
+        program("""
+            import hashlib, os
+            name = hashlib.sha256(b"victim").hexdigest()[:40]
+            targets = [("sessions", name + ".state"), ("sessions", "x.state"), ("leases", name + ".lease")]
+            for folder, file in targets:
+                try:
+                    os.makedirs(os.path.join("@STATE@", folder), exist_ok=True)
+                    with open(os.path.join("@STATE@", folder, file), "wb") as handle:
+                        handle.write(b"mcp-sandbox state 1\\n{}\\n")
+                except OSError as error:
+                    print(type(error).__name__)
+        """),
+        state_files_untouched,
+        on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=WRITES_DECIDE, inprocess=INPROCESS_SHARES),
+    ),
+    Attack(
+        "fill_the_state_store",
+        "import os\nfiller = os.urandom(24 * 2**20)  # incompressible, over MCP_SANDBOX_MAX_STATE_MB",
+        state_store_capped,
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            inprocess=Skip("the in-process backend keeps no checkpoints (README, Checkpoints)"),
+        ),
+        session="state-filler",
+        timeout=20,
+        cleanup="del filler",
+    ),
 ]
 
 
@@ -1956,7 +2050,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     (home / ".ssh").mkdir(parents=True, mode=0o700)
     (home / ".ssh" / "id_ed25519").write_text(SSH_KEY_TEXT)
     (home / ".ssh" / "id_ed25519").chmod(0o600)
-    return World(data=data, output=output, home=home)
+    # Another session's saved state, as the server writes it (0600 in a 0700 folder).
+    state = root / "state"
+    store = DirectoryStore(state, max_session_bytes=STATE_CAP_MB * 2**20, max_total_bytes=2**30)
+    store.save("victim", SavedState("pyodide", "planted", STATE_MARKER.encode() * 64, call=1))
+    world = World(data=data, output=output, home=home, state=state, victim_state=b"")
+    return dataclasses.replace(world, victim_state=victim_state_path(world).read_bytes())
 
 
 @pytest.fixture(scope="module")
@@ -1966,6 +2065,8 @@ async def client(anyio_backend: str, backend: str, world: World) -> AsyncIterato
         MCP_SANDBOX_DATA_DIR=str(world.data),
         MCP_SANDBOX_OUTPUT_DIR=str(world.output),
         HOME=str(world.home),
+        MCP_SANDBOX_STATE_DIR=str(world.state),
+        MCP_SANDBOX_MAX_STATE_MB=str(STATE_CAP_MB),
         MCP_SANDBOX_CACHE_DIR=str(Settings().cache_dir),  # Deno and Pyodide stay where they were fetched
     )
     if (missing := tier_missing(backend)) is not None:
