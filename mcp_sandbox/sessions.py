@@ -108,6 +108,9 @@ class Session:
     hibernated: bool = False
     #: This instance's right to run it (instances sharing a state folder); held while it is live.
     lease: Lease | None = None
+    #: Another instance ran it and stopped without giving it up: its next sandbox comes from the
+    #: store, and what is lost is said.
+    moved_from: str | None = None
 
     @property
     def live(self) -> bool:
@@ -136,6 +139,9 @@ class SessionPool:
         #: Where each running executor's output lines go (its call's progress relay).
         self._relays: dict[Executor, ProgressRelay] = {}
         self._closing = False
+        #: Checkpoints taken at once: each costs a core for tens of milliseconds (seconds for a
+        #: large pickle), and a burst of sessions pausing together must not starve the calls.
+        self._checkpoint_slots = anyio.Semaphore(max(1, (os.cpu_count() or 2) // 2))
         #: Names this instance in the leases it takes (and in the errors of other instances).
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
@@ -263,11 +269,14 @@ class SessionPool:
                 logger.warning("session %r runs without a lease: %s", session.session_id, error)
                 session.lease = None
                 return
-        taken_meanwhile = held is None or lease.token != held.token
         session.lease = lease
+        if lease.taken_from is not None:
+            session.moved_from = lease.taken_from
+        taken_meanwhile = held is None or lease.token != held.token
         if taken_meanwhile and session.executor is not None:
+            # Another instance may have run it since: the store's state is the one to go on from.
             await self._ready_pool.release(session.executor)
-            session.executor, session.hibernated = None, True
+            session.executor, session.hibernated = None, session.moved_from is None
 
     async def _release_lease(self, session: Session) -> None:
         lease, session.lease = session.lease, None
@@ -308,7 +317,22 @@ class SessionPool:
         if self._store is None or self._backend is None:
             return Resumed()
         hibernated, session.hibernated = session.hibernated, False
+        moved_from, session.moved_from = session.moved_from, None
         resumed = await self._restore(session, killed=killed)
+        if moved_from is not None:
+            if resumed.from_call is None and not resumed.notes:
+                # Its lease proves it ran there; no checkpoint means its variables died with it.
+                resumed.lost = True
+                resumed.notes.append(
+                    f"the session ran on another instance ({moved_from}) that stopped before its first "
+                    "checkpoint, so its variables are gone"
+                )
+            elif resumed.from_call is not None:
+                resumed.notes.append(
+                    f"it ran on another instance ({moved_from}) that stopped; what ran there after "
+                    "that checkpoint is gone"
+                )
+            return resumed
         if not hibernated:
             return resumed
         if resumed.from_call is None:
@@ -377,9 +401,12 @@ class SessionPool:
             or self._sessions.get(session.session_id) is not session
         ):
             return
-        async with session.lock:
-            if session.calls == call and not self._closing:
-                await self._save(session)
+        async with self._checkpoint_slots:
+            if session.calls != call or self._sessions.get(session.session_id) is not session:
+                return  # ran again while it waited for a slot: that call's checkpoint will follow
+            async with session.lock:
+                if session.calls == call and not self._closing:
+                    await self._save(session)
 
     async def _save(self, session: Session) -> bool:
         """Checkpoint the session (its lock held) unless the store's copy is current: whether the

@@ -67,6 +67,9 @@ class Lease:
     #: Unique per acquisition: a lease taken over and taken back is not the same lease.
     token: str
     expires: float
+    #: Acquired from this other owner, whose lease ran out: the session ran there (and may have
+    #: run calls it never checkpointed).
+    taken_from: str | None = None
 
     def same(self, other: Lease | None) -> bool:
         """The same lease, whatever its expiry (renewals move it)."""
@@ -310,8 +313,9 @@ class DirectoryStore:
 
     def acquire_lease(self, session_id: str, owner: str, seconds: float) -> Lease:
         """A lease on the session for `seconds`, for `owner`; its token is the one the owner held
-        if nobody took the lease since. Raises LeaseHeld while another owner's lease runs, and
-        StoreError when the folder cannot be written."""
+        if nobody took the lease since, and `taken_from` names another owner whose lease ran out.
+        Raises LeaseHeld while another owner's lease runs, and StoreError when the folder cannot
+        be written."""
         try:
             with self._lease_lock():
                 held = self._read_lease(session_id)
@@ -319,8 +323,10 @@ class DirectoryStore:
                 if held is not None and held.owner != owner and held.expires > now:
                     raise LeaseHeld(held.owner, held.expires)
                 # The owner's own record keeps its token, even run out: nobody took the lease since.
-                token = held.token if held is not None and held.owner == owner else secrets.token_hex(8)
-                lease = Lease(session_id, owner, token, now + seconds)
+                ours = held is not None and held.owner == owner
+                token = held.token if held is not None and ours else secrets.token_hex(8)
+                taken_from = held.owner if held is not None and not ours else None
+                lease = Lease(session_id, owner, token, now + seconds, taken_from)
                 self._write_lease(lease)
                 return lease
         except OSError as error:

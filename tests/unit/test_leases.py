@@ -112,3 +112,11 @@ def test_a_renewal_that_crosses_the_owners_own_acquire_is_no_loss(tmp_path: Path
     store.acquire_lease("s", "instance-a", 60)
     assert store.renew_lease(first, 30).token == first.token
     assert store.save("s", STATE, first) > 0
+
+
+def test_a_lease_taken_over_names_the_owner_it_came_from(tmp_path: Path) -> None:
+    store = make(tmp_path)
+    store.acquire_lease("s", "instance-a", 0.1)
+    time.sleep(0.2)
+    assert store.acquire_lease("s", "instance-b", 30).taken_from == "instance-a"
+    assert store.acquire_lease("fresh", "instance-b", 30).taken_from is None
