@@ -110,13 +110,14 @@ def mixed_call(client_index: int, call: int) -> tuple[str, dict[str, Any]]:
 async def mixed(url: str) -> dict[str, Any]:
     samples: list[float] = []
     problems: list[str] = []
+    restores: list[str] = []
 
     async def one_client(index: int) -> None:
         async with (
             httpx.AsyncClient(timeout=120) as http,
             Client(streamable_http_client(url, http_client=http)) as client,
         ):
-            counted = 0
+            counted, restored = 0, False
             for call in range(MIXED_CALLS):
                 kind, arguments = mixed_call(index, call)
                 began = time.perf_counter()
@@ -126,8 +127,15 @@ async def mixed(url: str) -> dict[str, Any]:
                 if response.is_error or result is None:
                     problems.append(f"{kind}: unanswered")
                     continue
+                if result.get("session_restored") and arguments.get("session_id") == f"state-{index}":
+                    # Killed (an interrupt that missed its grace) and brought back from its last
+                    # checkpoint, which the result says: n may go back to it, once, and it is counted.
+                    restores.append(f"client {index}: restored from call {result['restored_from_call']}")
+                    restored = True
                 if kind == "session":
                     counted += 1
+                    if restored and result["result"] is not None and int(result["result"]) < counted:
+                        counted, restored = int(result["result"]), False
                     if result["result"] != str(counted):
                         problems.append(
                             f"client {index}: state lost, n={result['result']} after {counted} calls"
@@ -146,6 +154,7 @@ async def mixed(url: str) -> dict[str, Any]:
         "mixed_p50_ms": statistics.median(samples),
         "mixed_p99_ms": percentile(samples, 99),
         "mixed_problems": problems,
+        "mixed_restores": restores,
     }
 
 
@@ -204,6 +213,10 @@ def table(results: dict[str, Any]) -> str:
     for name in names:
         if problems := results["configs"][name]["mixed_problems"]:
             lines.append(f"{name}: {len(problems)} problems in the mixed load, e.g. {problems[:3]}")
+        if restores := results["configs"][name].get("mixed_restores"):
+            lines.append(
+                f"{name}: {len(restores)} sessions restored after a kill, said in the result: {restores[:3]}"
+            )
     return "\n".join(lines)
 
 
