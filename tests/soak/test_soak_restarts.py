@@ -89,8 +89,10 @@ async def calls(client: Client, queue: list[str], tally: Tally) -> None:
                 tally.wrong.append(f"{session}: no result: {response.content}")
                 return
             if result.get("error_type") == "NameError":
-                if result.get("session_lost"):
-                    tally.said["lost"] += 1  # said plainly: it had no checkpoint yet
+                # Said plainly: it had no checkpoint yet (lost), or its checkpoint is from before
+                # the log began (restored: a call that failed on a lost session counts as a call).
+                if result.get("session_lost") or result.get("session_restored"):
+                    tally.said["lost" if result.get("session_lost") else "restored"] += 1
                 else:
                     tally.wrong.append(f"{session}: its variables are gone, and nothing says so: {result}")
                 tally.logs.pop(session, None)
