@@ -6,7 +6,8 @@ Only the entry points (the command line) import this module; every limit lives i
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Any
+import json
+from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -17,12 +18,14 @@ from mcp.types import (
     ImageContent,
     TextContent,
     TextResourceContents,
+    Tool,
     ToolAnnotations,
 )
 from pydantic import BaseModel, Field
 
 from mcp_sandbox import __version__
-from mcp_sandbox.app import MAX_SESSION_ID_CHARS, SESSION_ID_PATTERN, App, InvalidRequest
+from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App, InvalidRequest
+from mcp_sandbox.bridge.catalog import ToolSpec
 from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import SessionElsewhere, SessionLimitReached
@@ -37,15 +40,15 @@ SESSION_HEADER_TOKEN = "Session-Id"
 
 
 def session_id_schema(schema: dict[str, Any]) -> None:
-    """The session id's schema: shown to clients (the App checks it, so every adapter gives the
-    same error) and mirrored into Mcp-Param-Session-Id, which needs a plain string type (a client
+    """The session id's schema: its length only (the App checks its characters, so every adapter
+    gives the same error, and a regex here costs every agent 25 tokens) and mirrored into
+    Mcp-Param-Session-Id, which needs a plain string type (a client
     drops a tool whose annotation sits on an anyOf), so an omitted id is simply absent."""
     schema.pop("anyOf", None)
     schema.pop("default", None)
     schema.update(
         {
             "type": "string",
-            "pattern": SESSION_ID_PATTERN,
             "maxLength": MAX_SESSION_ID_CHARS,
             "x-mcp-header": SESSION_HEADER_TOKEN,
         }
@@ -57,16 +60,38 @@ class ResetResult(BaseModel):
     existed: bool = Field(description="False when there was no such session (nothing to reset).")
 
 
-class FoundTool(BaseModel):
-    signature: str = Field(description="How to call it from execute_python code.")
-    description: str
-    server: str = Field(description="The upstream server, as configured.")
-    tool: str = Field(description="The tool's name on that server.")
+def found_tool(spec: ToolSpec, full: bool) -> dict[str, Any]:
+    """One search hit as data: signature and first sentence; with `full`, all the description
+    and the schemas; the upstream's own names where Python's differ."""
+    found: dict[str, Any] = {
+        "signature": spec.signature,
+        "description": spec.description if full else spec.summary,
+    }
+    if spec.server != spec.server_py or spec.name != spec.name_py:
+        found |= {"server": spec.server, "tool": spec.name}
+    if full:
+        found |= {"input_schema": spec.input_schema, "output_schema": spec.output_schema}
+    return found
 
 
-class SearchResult(BaseModel):
-    tools: list[FoundTool]
-    total: int = Field(description="How many upstream tools there are in all.")
+def search_answer(specs: list[ToolSpec], total: int, full: bool) -> CallToolResult:
+    """A search_tools answer: for the agent, one line per tool (signature  # first sentence), or
+    the full entries as JSON; for programs, the same as structured content."""
+    found = [found_tool(spec, full) for spec in specs]
+    if full:
+        text = json.dumps(found, separators=(",", ":"), ensure_ascii=False)
+    else:
+        text = "\n".join(
+            f"{hit['signature']}  # {hit['description']}"
+            + (f" (upstream: {hit['server']}/{hit['tool']})" if "server" in hit else "")
+            for hit in found
+        )
+    if not found:
+        text = "no tool matches; try other words, or an empty query to list them"
+    text += f"\n({len(found)} of {total} tools)"
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], structured_content={"tools": found, "total": total}
+    )
 
 
 def tool_result(result: ExecutionResult) -> CallToolResult:
@@ -101,35 +126,87 @@ def _is_text(mime: str) -> bool:
 def describe_execute_python(app: App) -> str:
     s = app.settings
     return (
-        "Run Python code in a sandbox and return its stdout, stderr and the repr() of its last "
-        "expression (like a REPL). Top-level `await` works. "
-        f"{app.backend.describe()} "
-        "Without session_id every call starts from a clean interpreter; pass the same session_id "
-        "(any name you choose) to keep variables, imports and functions between calls. "
-        f"Sessions expire after {s.session_ttl:g} s idle; reset_session clears one. "
-        f"A call times out after {s.timeout:g} s unless `timeout` says otherwise (at most "
-        f"{s.max_timeout:g} s). stdout and stderr are capped at {s.max_output_chars} characters each, "
-        "keeping the beginning and the end." + describe_bridge(app)
+        "Run Python in a sandbox: returns stdout, stderr and the last expression's repr() (like a REPL); "
+        f"top-level `await` works. {app.backend.describe()} The same session_id (any name) keeps "
+        f"variables between calls (idle ones expire after {s.session_ttl:g} s; reset_session ends one). "
+        f"Timeout {s.timeout:g} s unless `timeout` says (at most {s.max_timeout:g} s); stdout and stderr "
+        f"keep {s.max_output_chars} characters each." + describe_bridge(app)
     )
 
 
 def describe_bridge(app: App) -> str:
+    """How to find and call the bridged tools, in the same few words however many there are: the
+    tools themselves are found with search_tools, never listed here."""
     if app.bridge is None:
         return ""
-    summary = app.bridge.summary()
-    listed = f" Available: {summary}." if summary else " (none has listed its tools yet)"
     return (
-        " Code can call other MCP servers' tools as plain functions: "
-        "`tools.<server>.<tool>(**arguments)` returns the tool's structured result as dicts and lists "
-        "(or its text) and raises ToolError on failure; `await tools.<server>.<tool>_async(...)` with "
-        "asyncio.gather runs calls in parallel. Prefer one program that calls many tools and filters "
-        f"their results over many separate calls.{listed} Use search_tools to see signatures."
+        " Call other MCP servers' tools as functions, `tools.<server>.<tool>(**arguments)`"
+        f"{app.bridge.summary()}, found by search_tools; results come back as data (structured, or "
+        "JSON text parsed), failures raise ToolError, and `_async` twins with asyncio.gather run calls "
+        "at once. Prefer one program that calls many tools."
     )
+
+
+def compact_schema(schema: Any, *, result: bool = False) -> Any:
+    """`schema` in as few tokens as it says the same: no titles (the property names say them),
+    `anyOf [X, null]` as `type: [X, "null"]`, and for a result's schema no descriptions or
+    defaults either (its fields are named plainly; the README's table says the rest)."""
+    if isinstance(schema, list):
+        return [compact_schema(item, result=result) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    options = schema.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        other = next(option for option in options if option != {"type": "null"})
+        if isinstance(other.get("type"), str):
+            schema = {
+                **{k: v for k, v in schema.items() if k != "anyOf"},
+                **other,
+                "type": [other["type"], "null"],
+            }
+    # A result's schema keeps what a client validates with: types and the properties' names.
+    dropped = {"title", "default", "description", "required"} if result else {"title"}
+    compacted = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs"):
+            compacted[key] = {name: compact_schema(sub, result=result) for name, sub in value.items()}
+        elif key not in dropped:
+            compacted[key] = compact_schema(value, result=result)
+    if result and "$defs" in compacted:
+        # Nested result models (an output file) are described in the README: an array says enough.
+        compacted = _without_refs(compacted)
+    return compacted
+
+
+def _without_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    properties = {
+        name: {"type": "array"} if "$ref" in json.dumps(sub) else sub
+        for name, sub in schema.get("properties", {}).items()
+    }
+    return {key: value for key, value in schema.items() if key != "$defs"} | {"properties": properties}
+
+
+class SandboxServer(MCPServer):
+    """The SDK's server, listing its tools in fewer tokens (compact_schema): every agent reads
+    the listing before its first call."""
+
+    async def list_tools(self) -> list[Tool]:
+        return [
+            tool.model_copy(
+                update={
+                    "input_schema": compact_schema(tool.input_schema),
+                    "output_schema": compact_schema(tool.output_schema, result=True)
+                    if tool.output_schema is not None
+                    else None,
+                }
+            )
+            for tool in await super().list_tools()
+        ]
 
 
 def build_server(app: App) -> MCPServer:
     """An MCP server whose tools run code through `app`."""
-    server: MCPServer = MCPServer(
+    server: MCPServer = SandboxServer(
         "mcp-sandbox",
         version=__version__,
         instructions="Use execute_python to run Python code; use a session_id to keep state between calls.",
@@ -141,14 +218,14 @@ def build_server(app: App) -> MCPServer:
         timeout: Annotated[
             float | None,
             Field(
-                description="Seconds the program may run (clamped to the server's maximum).",
+                description="Seconds it may run (at most the server's maximum).",
                 json_schema_extra={"exclusiveMinimum": 0},
             ),
         ] = None,
         session_id: Annotated[
             str | None,
             Field(
-                description="Run in this named session to keep state between calls; omit for a clean run.",
+                description="Keep state between calls under this name; omit for a clean run.",
                 json_schema_extra=session_id_schema,
             ),
         ] = None,
@@ -176,22 +253,17 @@ def build_server(app: App) -> MCPServer:
         return ResetResult(session_id=session_id, existed=existed)
 
     async def search_tools(
-        query: Annotated[
-            str, Field(max_length=500, description="Words to look for in tool names and descriptions.")
-        ],
-        limit: Annotated[int, Field(ge=1, le=100, description="Most tools to return.")] = 10,
-    ) -> SearchResult:
-        """Find upstream MCP tools that code in execute_python can call, with their Python signatures.
-        An empty query lists the first `limit` tools."""
+        query: Annotated[str, Field(max_length=500, description="Words describing the tool.")],
+        limit: Annotated[int, Field(ge=1, le=100)] = 5,
+        detail: Annotated[
+            Literal["brief", "full"], Field(description="full: the whole description and the schemas.")
+        ] = "brief",
+    ) -> CallToolResult:
+        """Find the MCP tools code in execute_python can call, best match first: their Python
+        signatures. An empty query lists the first `limit`."""
         if app.bridge is None:
-            return SearchResult(tools=[], total=0)
-        found = [
-            FoundTool(
-                signature=spec.signature, description=spec.description, server=spec.server, tool=spec.name
-            )
-            for spec in app.bridge.search(query, limit)
-        ]
-        return SearchResult(tools=found, total=len(app.bridge.specs))
+            return search_answer([], 0, False)
+        return search_answer(app.bridge.search(query, limit), len(app.bridge.specs), detail == "full")
 
     server.add_tool(
         execute_python,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import difflib
 import inspect
 import io
 import itertools
@@ -321,7 +322,9 @@ def _make_tool(spec: dict[str, Any], channel: ToolChannel) -> tuple[Any, Any]:
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as error:
-            raise TypeError(f"tools.{server}.{tool}{signature}: {error}") from None
+            raise TypeError(
+                f"tools.{server}.{tool}{signature}: {error}{_argument_hint(args, kwargs)}"
+            ) from None
         arguments = {
             upstream_names[k]: v for k, v in bound.arguments.items() if not (v is None and k in optional)
         }
@@ -329,6 +332,15 @@ def _make_tool(spec: dict[str, Any], channel: ToolChannel) -> tuple[Any, Any]:
             return dumps(arguments)
         except (TypeError, ValueError) as error:
             raise TypeError(f"arguments to tools.{server}.{tool} must be JSON data: {error}") from None
+
+    def _argument_hint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        known = list(signature.parameters)
+        unknown = [name for name in kwargs if name not in signature.parameters]
+        hints = [f"{name!r} is not one of its arguments{_closest(name, known)}" for name in unknown]
+        given = set(known[: len(args)]) | set(kwargs)
+        missing = [p for p in ordered if p["required"] and p["py"] not in given]
+        hints += [f"{p['py']!r} ({p['annotation']}) is required" for p in missing]
+        return "; " + "; ".join(hints) if hints else ""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         return _unpack(channel.call_sync(server, tool, encode(args, kwargs)))
@@ -357,8 +369,9 @@ class ServerTools:
         return f"<tools.{self._server}: {', '.join(names)}>"
 
     def __getattr__(self, name: str) -> Any:
-        tools = [n for n in vars(self) if not n.startswith("_") and not n.endswith("_async")]
-        raise AttributeError(f"the {self._server} server has no tool {name!r}; it has: {', '.join(tools)}")
+        twins = name.endswith("_async")
+        tools = [n for n in vars(self) if not n.startswith("_") and n.endswith("_async") == twins]
+        raise AttributeError(f"the {self._server} server has no tool {name!r}{_closest(name, tools)}")
 
 
 class Tools:
@@ -377,8 +390,19 @@ class Tools:
 
     def __getattr__(self, name: str) -> Any:
         servers = [k for k, v in vars(self).items() if isinstance(v, ServerTools)]
-        known = f"the configured servers are: {', '.join(servers)}" if servers else "none is configured"
-        raise AttributeError(f"there is no upstream MCP server {name!r}; {known}")
+        if not servers:
+            raise AttributeError(f"there is no upstream MCP server {name!r}; none is configured")
+        raise AttributeError(f"there is no upstream MCP server {name!r}{_closest(name, servers)}")
+
+
+def _closest(name: str, names: list[str]) -> str:
+    """A hint naming the few closest of `names` (never all of them: there may be hundreds)."""
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    if close:
+        return "; did you mean " + " or ".join(repr(n) for n in close) + "?"
+    if len(names) <= 10:
+        return "; it has: " + ", ".join(names)
+    return f"; it has {len(names)} (search_tools finds them by words)"
 
 
 def build_tools(manifest: list[dict[str, Any]], channel: ToolChannel | None) -> Tools:

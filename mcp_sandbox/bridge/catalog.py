@@ -9,7 +9,9 @@ The rule applies to server names, tool names and parameter names alike.
 from __future__ import annotations
 
 import keyword
+import math
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -70,6 +72,9 @@ class ToolSpec:
     unwrap_result: bool = False
     #: A host Python callable (bridge/local.py) rather than an upstream MCP tool.
     local: bool = False
+    #: The upstream's schemas, shown by search_tools(detail="full"); never sent to a sandbox.
+    input_schema: dict[str, Any] | None = field(default=None, repr=False)
+    output_schema: dict[str, Any] | None = field(default=None, repr=False)
     doc: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
@@ -80,8 +85,13 @@ class ToolSpec:
         required = [p for p in self.params if p.required]
         optional = [p for p in self.params if not p.required]
         parts = [f"{p.py}: {p.annotation}" for p in required]
-        parts += [f"{p.py}: {p.annotation} | None = None" for p in optional]
+        parts += [f"{p.py}: {_optional(p.annotation)} = None" for p in optional]
         return f"tools.{self.server_py}.{self.name_py}({', '.join(parts)})"
+
+    @property
+    def summary(self) -> str:
+        """The description's first sentence (what a search answer shows)."""
+        return first_sentence(self.description) or f"The {self.name!r} tool of the {self.server!r} server."
 
     def _docstring(self) -> str:
         lines = [self.description.strip() or f"The {self.name!r} tool of the {self.server!r} server."]
@@ -102,15 +112,31 @@ class ToolSpec:
             return "\n".join(lines)
         lines += [
             "",
-            "Returns the tool's structured content as plain Python data (dict or list), or its text "
-            "when it has none. Raises ToolError with the upstream's message when the tool fails.",
+            "Returns the tool's structured content as plain Python data (dict or list), else its text "
+            "parsed when it is a JSON object or array, else its text. Raises ToolError with the "
+            "upstream's message when the tool fails.",
             f"Upstream: server {self.server!r}, tool {self.name!r}. {twin}",
         ]
         return "\n".join(lines)
 
     def manifest(self) -> dict[str, Any]:
         """The JSON-ready form the guest runtime builds functions from."""
-        return asdict(self)
+        data = asdict(self)
+        del data["input_schema"], data["output_schema"]
+        return data
+
+
+def _optional(annotation: str) -> str:
+    # `= None` says it may be left out; `str | None = None` would say it twice.
+    kinds = [kind for kind in annotation.split(" | ") if kind != "None"]
+    return " | ".join(kinds) or "Any"
+
+
+def first_sentence(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    match = re.match(r"(.+?[.!?])(\s|$)", text)
+    sentence = match.group(1) if match else text
+    return sentence if len(sentence) <= limit else sentence[: limit - 1].rstrip() + "…"
 
 
 def _annotation(schema: Any) -> str:
@@ -159,19 +185,83 @@ def tool_spec(
                 description=text if isinstance(text, str) else "",
             )
         )
-    return ToolSpec(server, server_py, name, name_py, params, description or "", _wraps_result(output_schema))
+    return ToolSpec(
+        server,
+        server_py,
+        name,
+        name_py,
+        params,
+        description or "",
+        _wraps_result(output_schema),
+        input_schema=schema if isinstance(schema, dict) else None,
+        output_schema=output_schema if isinstance(output_schema, dict) else None,
+    )
+
+
+#: Words a query carries that say nothing about which tool: "create a jira item".
+STOPWORDS = frozenset(
+    "a an and any all as at be by for from get i in into is it me my of on or please some the "
+    "this that to up use using want we with you".split()
+)
+#: BM25's usual constants; name words count NAME_WEIGHT times (a tool's name says what it does).
+BM25_K1, BM25_B, NAME_WEIGHT = 1.2, 0.75, 3
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words of `text`, split at case changes, digits and punctuation
+    (`createJiraItem`, `jira_create_item` -> create, jira, item), each stemmed lightly."""
+    spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", text)
+    return [_stem(word) for word in re.split(r"[^a-z0-9]+", spaced.lower()) if word]
+
+
+def _stem(word: str) -> str:
+    # Plurals and -ing/-ed forms meet their stem: items/item, issues/issue, listing/list.
+    for suffix, keep in (("ies", "y"), ("sses", "ss"), ("ing", ""), ("ed", ""), ("es", "e"), ("s", "")):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: len(word) - len(suffix)] + keep
+    return word
+
+
+def _document(spec: ToolSpec) -> list[str]:
+    name = words(f"{spec.server} {spec.name}")
+    text = words(f"{spec.description} {' '.join(p.name + ' ' + p.description for p in spec.params)}")
+    return name * NAME_WEIGHT + text
+
+
+class SearchIndex:
+    """The tools ranked by BM25 over their names (weighted) and descriptions; built once per
+    catalog, so a search over 1,000 tools costs milliseconds."""
+
+    def __init__(self, specs: list[ToolSpec]) -> None:
+        self.specs = specs
+        self._documents = [Counter(_document(spec)) for spec in specs]
+        self._lengths = [sum(document.values()) for document in self._documents]
+        self._average = sum(self._lengths) / len(self._lengths) if self._lengths else 1.0
+        self._having: Counter[str] = Counter(term for document in self._documents for term in document)
+
+    def search(self, query: str, limit: int) -> list[ToolSpec]:
+        """The `limit` best matches for `query`; an empty query (or stop words only) lists the first."""
+        terms = [word for word in dict.fromkeys(words(query)) if word not in STOPWORDS]
+        if not terms:
+            return self.specs[:limit]
+        count = len(self.specs)
+        idf = {
+            term: math.log(1 + (count - self._having[term] + 0.5) / (self._having[term] + 0.5))
+            for term in terms
+        }
+        scored: list[tuple[float, int]] = []
+        for index, (document, length) in enumerate(zip(self._documents, self._lengths, strict=True)):
+            norm = BM25_K1 * (1 - BM25_B + BM25_B * length / self._average)
+            score = sum(
+                idf[term] * document[term] * (BM25_K1 + 1) / (document[term] + norm)
+                for term in terms
+                if term in document
+            )
+            if score > 0:
+                scored.append((-score, index))
+        return [self.specs[index] for _, index in sorted(scored)[:limit]]
 
 
 def search(specs: list[ToolSpec], query: str, limit: int) -> list[ToolSpec]:
-    """The tools whose names and descriptions best match the words of `query`."""
-    words = [w for w in re.split(r"\W+", query.lower()) if w]
-    if not words:
-        return specs[:limit]
-    scored: list[tuple[int, int, ToolSpec]] = []
-    for index, spec in enumerate(specs):
-        name = f"{spec.server} {spec.name} {spec.server_py} {spec.name_py}".lower()
-        text = f"{spec.description} {' '.join(p.name + ' ' + p.description for p in spec.params)}".lower()
-        score = sum(3 * (w in name) + (w in text) for w in words)
-        if score:
-            scored.append((-score, index, spec))
-    return [spec for _, _, spec in sorted(scored, key=lambda item: item[:2])[:limit]]
+    """One search without keeping the index (tests, one-off callers)."""
+    return SearchIndex(specs).search(query, limit)

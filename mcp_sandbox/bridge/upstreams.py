@@ -23,7 +23,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
 
-from mcp_sandbox.bridge.catalog import LOCAL_SERVER, ToolSpec, python_name, search, tool_spec
+from mcp_sandbox.bridge.catalog import LOCAL_SERVER, SearchIndex, ToolSpec, python_name, tool_spec
 from mcp_sandbox.bridge.config import BridgeConfig, StdioUpstream, Upstream
 from mcp_sandbox.bridge.local import LocalTools
 from mcp_sandbox.protocol import MAX_TOOL_REPLY_CHARS, reply_error, reply_ok
@@ -154,12 +154,26 @@ def _text(result: CallToolResult) -> str:
 
 
 def _tool_value(result: CallToolResult, spec: ToolSpec) -> Any:
+    """Results as data: the structured content; else one text block that is a JSON object or
+    array, parsed (most servers answer JSON as text); else the text."""
     structured = result.structured_content
     if structured is not None:
         if spec.unwrap_result and isinstance(structured, dict) and set(structured) == {"result"}:
-            return structured["result"]
+            return _parsed(structured["result"])
         return structured
+    if len(result.content) == 1 and isinstance(result.content[0], TextContent):
+        return _parsed(result.content[0].text)
     return _text(result) if any(isinstance(b, TextContent) for b in result.content) else None
+
+
+def _parsed(value: Any) -> Any:
+    # Only objects and arrays: a tool that answers "42" or "true" as text means the text.
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
 
 
 class ToolBridge:
@@ -183,6 +197,7 @@ class ToolBridge:
         self.version = 0
         self.manifest_json = "[]"
         self._specs: dict[tuple[str, str], ToolSpec] = {}
+        self._index = SearchIndex([])
         if self.local is not None:
             self._changed()
 
@@ -208,6 +223,7 @@ class ToolBridge:
         upstream = [spec for conn in self.connections.values() for spec in conn.specs]
         local = self.local.specs if self.local is not None else []
         self._specs = {(spec.server_py, spec.name_py): spec for spec in [*upstream, *local]}
+        self._index = SearchIndex(list(self._specs.values()))
         self.manifest_json = json.dumps([spec.manifest() for spec in self._specs.values()])
         self.version += 1
 
@@ -272,21 +288,15 @@ class ToolBridge:
         return reply
 
     def search(self, query: str, limit: int) -> list[ToolSpec]:
-        return search(self.specs, query, limit)
+        return self._index.search(query, limit)
 
-    def summary(self, limit: int = 40) -> str:
-        """A short list for the execute_python description: server: tool, tool, ..."""
+    def summary(self, most: int = 5) -> str:
+        """For the execute_python description: how many tools on which servers, the same few words
+        however many tools there are (" (100 tools on jira, github and 3 more)")."""
         if not self._specs:
-            return ""
-        by_server: dict[str, list[str]] = {}
-        for spec in self._specs.values():
-            by_server.setdefault(spec.server_py, []).append(spec.name_py)
-        shown = 0
-        parts = []
-        for server, names in by_server.items():
-            room = max(limit - shown, 0)
-            listed = names[:room]
-            shown += len(listed)
-            more = f" and {len(names) - len(listed)} more" if len(names) > len(listed) else ""
-            parts.append(f"{server}: {', '.join(listed)}{more}")
-        return "; ".join(parts)
+            return " (no upstream has listed its tools yet)"
+        servers = list(dict.fromkeys(spec.server_py for spec in self._specs.values()))
+        named = ", ".join(servers[:most]) + (
+            f" and {len(servers) - most} more" if len(servers) > most else ""
+        )
+        return f" ({len(self._specs)} tools on {named})"

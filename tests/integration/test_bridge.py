@@ -154,7 +154,9 @@ async def test_search_tools_and_the_description(client: Client) -> None:
     assert first["tool"] == "get-weather"
     assert found.structured_content["total"] == 4 * 9
     described = {tool.name: tool.description for tool in (await client.list_tools()).tools}
-    assert "calc: add" in (described["execute_python"] or "")
+    # How many tools on which servers, never the tools themselves: it costs every agent tokens.
+    assert "36 tools on calc" in (described["execute_python"] or "")
+    assert "get_weather" not in (described["execute_python"] or "")
 
 
 async def test_async_calls_run_in_parallel(client: Client) -> None:

@@ -6,12 +6,14 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.bridge.catalog import python_name, search, tool_spec
+from mcp_sandbox.bridge.catalog import SearchIndex, ToolSpec, python_name, search, tool_spec
 from mcp_sandbox.bridge.config import BridgeConfigError, StdioUpstream, UrlUpstream, load_bridge_config
+from tests.upstreams.many_server import tool_names
 
 
 @pytest.mark.parametrize(
@@ -50,8 +52,8 @@ def test_spec_signature_and_doc() -> None:
     }
     spec = tool_spec("docs", "docs", "find-docs", "find_docs", "Search the docs.", schema)
     assert spec.signature == (
-        "tools.docs.find_docs(query: str, limit: int | None = None, from_: str | None | None = None, "
-        "filters: dict | list | None = None, blob: Any | None = None)"
+        "tools.docs.find_docs(query: str, limit: int = None, from_: str = None, "
+        "filters: dict | list = None, blob: Any = None)"
     )
     assert spec.doc.startswith("Search the docs.\n\nArgs:\n    query (str): What to find.")
     assert [p.name for p in spec.params][2] == "from"  # sent upstream under its own name
@@ -127,3 +129,61 @@ def test_the_server_refuses_to_start_with_a_bad_config(tmp_path: Path) -> None:
     )
     assert completed.returncode != 0
     assert "is not JSON" in completed.stderr and "Traceback" not in completed.stderr
+
+
+#: Queries an agent writes, and the tool each should find first (among many_server's 100).
+RANKING_QUERIES = {
+    "create a jira item": "jira_create_item",
+    "issues in jira that match a text": "jira_search_items",
+    "newest pull requests on github": "github_list_items",
+    "a csv report of zendesk tickets": "zendesk_export_items",
+    "remove a slack message for good": "slack_delete_item",
+    "give a ticket to a person in zendesk": "zendesk_assign_item",
+    "add a comment to a notion page": "notion_comment_item",
+    "change the fields of a salesforce lead": "salesforce_update_item",
+    "fetch one calendar event by its id": "calendar_get_item",
+    "new email in gmail": "gmail_create_item",
+    "search drive files": "drive_search_items",
+}
+
+
+def word_count_rank(specs: list[ToolSpec], query: str, limit: int) -> list[ToolSpec]:
+    """The ranking before BM25 (kept to measure against): 3 per query word in the name, 1 in the text."""
+    query_words = [w for w in re.split(r"\W+", query.lower()) if w]
+    scored = []
+    for index, spec in enumerate(specs):
+        name = f"{spec.server} {spec.name} {spec.server_py} {spec.name_py}".lower()
+        text = f"{spec.description} {' '.join(p.name + ' ' + p.description for p in spec.params)}".lower()
+        score = sum(3 * (w in name) + (w in text) for w in query_words)
+        if score:
+            scored.append((-score, index, spec))
+    return [spec for _, _, spec in sorted(scored, key=lambda item: item[:2])[:limit]]
+
+
+def test_bm25_finds_what_agents_ask_for_at_least_as_well_as_word_counts() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"query": {"type": "string", "description": "What it is about."}},
+    }
+    specs = [tool_spec("many", "many", name, name, text, schema) for name, text in tool_names(100)]
+    index = SearchIndex(specs)
+    hits = {query: index.search(query, 1)[0].name for query in RANKING_QUERIES}
+    assert hits == RANKING_QUERIES
+
+    # Measured against the ranking before, by the reciprocal rank of the right tool in the top 10.
+    def reciprocal_ranks(rank: Callable[[str], list[ToolSpec]]) -> float:
+        total = 0.0
+        for query, want in RANKING_QUERIES.items():
+            names = [spec.name for spec in rank(query)]
+            total += 1 / (names.index(want) + 1) if want in names else 0
+        return total
+
+    bm25 = reciprocal_ranks(lambda query: index.search(query, 10))
+    assert bm25 >= reciprocal_ranks(lambda query: word_count_rank(specs, query, 10))
+
+
+def test_search_is_flat_and_quick_at_a_thousand_tools() -> None:
+    schema = {"type": "object", "properties": {"query": {"type": "string"}}}
+    index = SearchIndex([tool_spec("many", "many", n, n, t, schema) for n, t in tool_names(1000)])
+    assert index.search("create a jira item", 1)[0].name == "jira_create_item"
+    assert index.search("", 3) == index.specs[:3]

@@ -37,7 +37,7 @@ def test_spec_comes_from_the_signature() -> None:
         ("exact", "Any", False),
     ]
     assert spec.doc.startswith("Find things.") and "Runs on the host" in spec.doc
-    assert spec.signature == "tools.local.search(query: str, k: int | None = None, exact: Any | None = None)"
+    assert spec.signature == "tools.local.search(query: str, k: int = None, exact: Any = None)"
 
 
 @pytest.mark.parametrize("name", ["1x", "has space", "class", ""])

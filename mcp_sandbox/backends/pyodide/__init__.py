@@ -254,9 +254,8 @@ class PyodideBackend(Backend):
 
     def describe(self) -> str:
         return (
-            f"Python runs in Pyodide {self._version} (CPython compiled to WebAssembly) inside a Deno "
-            f"process with {self._network()}, no host files and no host environment variables; "
-            "the standard library is available."
+            f"Pyodide {self._version} (CPython in WebAssembly) in a Deno process: {self._network()}, "
+            "no host files, no host environment variables; the standard library is there."
         )
 
     def _network(self) -> str:
