@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -79,6 +80,8 @@ class UpstreamConnection:
         self.client: Client | None = None
         self.specs: list[ToolSpec] = []
         self.last_error: str | None = None
+        #: When it last answered (wall clock), for the error of a call made while it is down.
+        self.last_reachable: float | None = None
         self._on_change = on_change
         self._connected = anyio.Event()
         self._broken = anyio.Event()
@@ -113,6 +116,7 @@ class UpstreamConnection:
                 async with self._open() as client:
                     self.specs = await self._list_tools(client)
                     self.client, self.last_error = client, None
+                    self.last_reachable = time.time()
                     self._on_change()
                     logger.info("upstream %r connected: %d tools", self.name, len(self.specs))
                     self._connected.set()
@@ -128,6 +132,8 @@ class UpstreamConnection:
                     backoff.delay,
                 )
             finally:
+                if self.client is not None:
+                    self.last_reachable = time.time()  # it answered until now
                 self.client = None
                 self._connected = anyio.Event()
                 self._broken = anyio.Event()
@@ -141,6 +147,14 @@ class UpstreamConnection:
 
     def mark_broken(self) -> None:
         self._broken.set()
+
+    def down_since(self) -> str:
+        """When it was last reachable, in words for an error."""
+        if self.last_reachable is None:
+            return "it has not been reachable since the server started"
+        ago = time.time() - self.last_reachable
+        at = time.strftime("%H:%M:%S", time.localtime(self.last_reachable))
+        return f"it was last reachable at {at} ({ago:.0f} s ago)"
 
 
 def _describe(error: BaseException) -> str:
@@ -254,10 +268,15 @@ class ToolBridge:
             return reply_error(f"there is no upstream tool tools.{server_py}.{tool_py}")
         if not isinstance(arguments, dict):
             return reply_error("arguments must be a JSON object")
-        client = conn.client or await conn.wait_connected(min(RECONNECT_WAIT, self.call_timeout))
+        waited = min(RECONNECT_WAIT, self.call_timeout)
+        client = conn.client or await conn.wait_connected(waited)
         if client is None:
             detail = f" ({conn.last_error})" if conn.last_error else ""
-            return reply_error(f"upstream {conn.name!r} is not connected{detail}; it is being retried")
+            return reply_error(
+                f"upstream {conn.name!r} is down{detail}; {conn.down_since()}; this call waited {waited:g} s "
+                f"for it (calls may take {self.call_timeout:g} s: MCP_SANDBOX_BRIDGE_CALL_TIMEOUT); it is "
+                "being reconnected, so try again shortly"
+            )
         try:
             with anyio.fail_after(self.call_timeout):
                 result = await client.call_tool(spec.name, arguments)
