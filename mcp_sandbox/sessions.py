@@ -262,7 +262,7 @@ class SessionPool:
                     raise SessionElsewhere(
                         f"session {session.session_id!r} is running on another instance of this server "
                         f"({error}); send each session's calls to one instance (docs/deploy.md: hash on "
-                        "Mcp-Session-Id), or retry once that instance has stopped"
+                        "Mcp-Param-Session-Id and Mcp-Session-Id), or retry once that instance has stopped"
                     ) from None
                 await anyio.sleep(min(1.0, seconds / 10))
             except StoreError as error:
