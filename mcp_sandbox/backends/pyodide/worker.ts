@@ -70,7 +70,12 @@ let syncState: Int32Array;
 let syncData: SharedArrayBuffer;
 const decoder = new TextDecoder();
 
+// A sandbox that called a bridged tool is replaced, not recycled: recycled ones that had were seen
+// to die ("memory access out of bounds") on a later session's interrupted tool call. Not understood.
+const CALLED_A_TOOL = "it called a bridged tool";
+
 function blockOnToolCall(call: number, message: string): string {
+  taint(CALLED_A_TOOL);
   if (Atomics.load(interruptBuffer, 0) !== 0) {
     // Interrupted already (the deadline passed inside C code): the call is never made.
     interruptBuffer[0] = 0;
@@ -565,6 +570,7 @@ function enqueue(message: Exclude<WorkerMessage, { type: "tool_result" }> | Cont
 self.onmessage = (event: MessageEvent<WorkerMessage>) => {
   const message = event.data;
   if (message.type === "tool_result") {
+    taint(CALLED_A_TOOL);
     channel.deliver(message.call, message.reply);
   } else if (message.type === "init") {
     // Taken before any sandboxed code runs, and kept only here (see ControlRequest in protocol.py).
