@@ -37,11 +37,11 @@ world = red_team.world
 WHICH_SANDBOX = "import js as _rt_js\nprint(_rt_js.performance.timeOrigin, flush=True)\n"
 #: Calls that may go to the pool's other sandbox before the recycled one comes back (a pool of
 #: one can hold two for a moment: a waiter starts a sandbox while the used one is being reset).
-TRIES = 6
+TRIES = 8
 #: Before each try, time for the used sandbox's reset to finish (tens of milliseconds, seconds on a
 #: loaded machine), so it is first in line again: a recycled sandbox goes to the front, and of two
 #: the one at the back is closed.
-TRY_GAP_S = 1.0
+TRY_GAP_S = 2.0  # 1 s was too short once on a loaded CI machine (the probes kept missing it)
 
 #: Taints a recycle cannot undo, so the sandbox is replaced instead, and why.
 REPLACED = {"taint_js_globals": "its JavaScript realm changed"}
