@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -81,13 +82,20 @@ async def http_server(transport: str = "http", **env: str) -> AsyncIterator[tupl
         await wait_for_port(port, process)
         yield port, process
     finally:
-        if process.returncode is None:
-            process.terminate()
-            with anyio.move_on_after(10):
-                await process.wait()
-        if process.returncode is None:
-            process.kill()
-        await process.aclose()
+        await stop_process(process)
+
+
+async def stop_process(process: anyio.abc.Process, sig: int = signal.SIGTERM, grace: float = 10) -> None:
+    """Send `sig` to a process the test started (unless it has ended), SIGKILL it after `grace`
+    seconds, and close it."""
+    if process.returncode is None:
+        process.send_signal(sig)
+        with anyio.move_on_after(grace):
+            await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+    await process.aclose()
 
 
 async def wait_for_port(port: int, process: anyio.abc.Process, limit: float = 60) -> None:

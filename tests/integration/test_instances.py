@@ -20,7 +20,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import call, free_port, http_server, wait_for_port
+from tests.integration.conftest import call, free_port, http_server, stop_process, wait_for_port
 
 pytestmark = pytest.mark.anyio
 
@@ -82,12 +82,7 @@ async def nginx(root: Path, first: int, second: int) -> AsyncIterator[int]:
         await wait_for_port(port, process, limit=20)
         yield port
     finally:
-        process.terminate()
-        with anyio.move_on_after(10):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-        await process.aclose()
+        await stop_process(process)
 
 
 def lease_holder(state: Path, session_id: str) -> int | None:

@@ -20,7 +20,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import free_port, server_env, wait_for_port
+from tests.integration.conftest import free_port, server_env, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.soak]
 
@@ -49,14 +49,7 @@ async def start(env: dict[str, str]) -> Instance:
 
 
 async def stop(instance: Instance, how: str) -> None:
-    if instance.process.returncode is None:
-        instance.process.send_signal(signal.SIGKILL if how == "sigkill" else signal.SIGTERM)
-        with anyio.move_on_after(20):
-            await instance.process.wait()
-        if instance.process.returncode is None:
-            instance.process.kill()
-            await instance.process.wait()
-    await instance.process.aclose()
+    await stop_process(instance.process, signal.SIGKILL if how == "sigkill" else signal.SIGTERM, grace=20)
 
 
 @dataclass
