@@ -108,6 +108,8 @@ class Session:
     hibernated: bool = False
     #: This instance's right to run it (instances sharing a state folder); held while it is live.
     lease: Lease | None = None
+    #: Its lock is held by an idle-time checkpoint, not a call: soon free, so worth waiting for.
+    checkpointing: bool = False
     #: Another instance ran it and stopped without giving it up: its next sandbox comes from the
     #: store, and what is lost is said.
     moved_from: str | None = None
@@ -406,7 +408,11 @@ class SessionPool:
                 return  # ran again while it waited for a slot: that call's checkpoint will follow
             async with session.lock:
                 if session.calls == call and not self._closing:
-                    await self._save(session)
+                    session.checkpointing = True
+                    try:
+                        await self._save(session)
+                    finally:
+                        session.checkpointing = False
 
     async def _save(self, session: Session) -> bool:
         """Checkpoint the session (its lock held) unless the store's copy is current: whether the
@@ -447,13 +453,19 @@ class SessionPool:
             session.notes.append(f"the session's state after call {call} was not checkpointed{kept}: {saved}")
         return False
 
-    async def _hibernate(self, session: Session) -> bool:
+    async def _hibernate(self, session: Session, *, wait_for_checkpoint: bool = False) -> bool:
         """Write an idle session out and give its sandbox back to the pool: whether it was.
         Never when its state cannot be carried whole (the session then stays live)."""
-        if session.lock.locked() or session.executor is None or self._closing:
+        if session.executor is None or self._closing:
             return False
-        async with session.lock:  # free: nothing was awaited since it was found unlocked
-            if session.executor is None or not await self._save(session):
+        if session.lock.locked() and not (wait_for_checkpoint and session.checkpointing):
+            return False  # in a call: not idle
+        async with session.lock:
+            if (
+                session.executor is None
+                or self._sessions.get(session.session_id) is not session
+                or not await self._save(session)
+            ):
                 return False
             executor, session.executor = session.executor, None
             session.hibernated = True
@@ -475,7 +487,8 @@ class SessionPool:
         for session in sorted(live(), key=lambda s: s.last_used):
             if len(live()) < limit:
                 return
-            await self._hibernate(session)
+            # An idle-time checkpoint holding its lock would otherwise pass it over for a newer one.
+            await self._hibernate(session, wait_for_checkpoint=True)
 
     def _checkpoints_on(self) -> bool:
         backend = self._backend

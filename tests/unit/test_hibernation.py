@@ -28,6 +28,9 @@ class StatefulExecutor(FakeExecutor):
     """Its state is the programs it ran. A program named "unsaveable" makes its state one a
     checkpoint cannot carry whole."""
 
+    #: How long a checkpoint takes (a real one takes milliseconds to seconds).
+    checkpoint_seconds: ClassVar[float] = 0
+
     def __init__(self) -> None:
         super().__init__()
         self.ran: list[str] = []
@@ -38,6 +41,7 @@ class StatefulExecutor(FakeExecutor):
         return outcome(result=json.dumps(self.ran)) if done["success"] else done
 
     async def checkpoint(self) -> Checkpoint | str:
+        await anyio.sleep(self.checkpoint_seconds)
         lost = ("a value that cannot be carried",) if "unsaveable" in self.ran else ()
         return Checkpoint(json.dumps(self.ran).encode(), lost)
 
@@ -90,6 +94,19 @@ async def test_the_least_recently_used_session_is_hibernated_and_comes_back_whol
         assert again.result == '["a1", "a2"]'
         assert not again.session_restored and not again.notes, "hibernation is silent"
         assert live(sessions) == {"c", "a"}
+
+
+async def test_a_checkpoint_in_progress_does_not_spare_the_least_recently_used_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(StatefulExecutor, "checkpoint_seconds", 0.3)
+    async with pool_of_sessions(tmp_path, max_live_sandboxes=2) as sessions:
+        await sessions.run("a1", timeout=1, session_id="a")
+        await anyio.sleep(0.1)  # a's idle-time checkpoint is under way
+        await sessions.run("b1", timeout=1, session_id="b")
+        await sessions.run("c1", timeout=1, session_id="c")
+        assert live(sessions) == {"b", "c"}, "a went once its checkpoint was written, not b"
+        assert (await sessions.run("a2", timeout=1, session_id="a")).result == '["a1", "a2"]'
 
 
 async def test_a_session_that_cannot_be_saved_whole_stays_live(tmp_path: Path) -> None:
