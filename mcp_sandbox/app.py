@@ -25,6 +25,7 @@ from mcp_sandbox.backends.subprocess import SubprocessBackend
 from mcp_sandbox.bridge.config import BridgeConfig, load_bridge_config
 from mcp_sandbox.bridge.local import LocalTools
 from mcp_sandbox.bridge.upstreams import ToolBridge
+from mcp_sandbox.kept import KeptOutputs
 from mcp_sandbox.policy import policy_violation
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.result import ExecutionResult
@@ -111,6 +112,12 @@ class App:
         self._sessions: SessionPool | None = None
         self.bridge: ToolBridge | None = None
         self.record = ExecutionRecord(settings.audit_log, settings.save_code)
+        #: The whole of cut outputs, behind the links results carry.
+        self.kept = KeptOutputs(
+            int(settings.max_kept_output_mb * 2**20),
+            settings.session_ttl,
+            lambda session_id: self._sessions is not None and self._sessions.has(session_id),
+        )
 
     @property
     def backend(self) -> Backend:
@@ -197,6 +204,7 @@ class App:
             result = await self.sessions.run(
                 code, timeout=settings.clamp_timeout(timeout), session_id=session_id, progress=progress
             )
+        self.kept.keep(result)
         if settings.output_dir is not None and result.files:
             await anyio.to_thread.run_sync(result.save_files, settings.output_dir)
         await self.record.add(code, result)
@@ -205,7 +213,9 @@ class App:
     async def reset_session(self, session_id: str) -> bool:
         """Drop a session and stop its sandbox; False when there was none. Raises InvalidRequest."""
         check_request(self.settings, "", session_id, None)
-        return await self.sessions.reset(session_id)
+        existed = await self.sessions.reset(session_id)
+        self.kept.forget_session(session_id)
+        return existed
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

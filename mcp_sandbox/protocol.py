@@ -96,10 +96,12 @@ MARKER_SLACK = 100
 TRUNCATION_MARKER = "\n... [{cut:,} characters truncated] ...\n"
 
 
-def max_line_bytes(max_output_chars: int, max_artifact_bytes: int = 0) -> int:
-    """Longest genuine runner line: four capped text fields, each char at most six JSON bytes,
-    plus figures and output files sent inline as base64 (4 characters for every 3 bytes)."""
-    return 4 * 6 * (max_output_chars + 200) + (max_artifact_bytes * 4) // 3 + 65_536
+def max_line_bytes(max_output_chars: int, max_artifact_bytes: int = 0, max_kept_output_chars: int = 0) -> int:
+    """Longest genuine runner line: four capped text fields and two kept streams, each char at
+    most six JSON bytes, plus figures and output files sent inline as base64 (4 characters for
+    every 3 bytes)."""
+    chars = 4 * (max_output_chars + 200) + 2 * max_kept_output_chars
+    return 6 * chars + (max_artifact_bytes * 4) // 3 + 65_536
 
 
 def cap_text(text: str, limit: int) -> tuple[str, bool]:
@@ -127,6 +129,8 @@ class GuestLimits(TypedDict):
     """A sandbox's limits, fixed when it starts."""
 
     max_output_chars: int
+    #: How much of a cut stdout or stderr is kept whole for the host (0: none), from its start.
+    max_kept_output_chars: int
     output: OutputLimits
 
 
@@ -137,6 +141,14 @@ class GuestFile(TypedDict):
     path: str
     size: int
     data: NotRequired[str]
+
+
+class KeptText(TypedDict):
+    """A cut stream's text from its start, up to max_kept_output_chars, and how many characters
+    were written in all."""
+
+    text: str
+    total: int
 
 
 class GuestOutcome(TypedDict):
@@ -152,6 +164,9 @@ class GuestOutcome(TypedDict):
     files: NotRequired[list[GuestFile]]
     figures: NotRequired[list[str]]
     notes: NotRequired[list[str]]
+    #: Only for a stream that was cut.
+    kept_stdout: NotRequired[KeptText]
+    kept_stderr: NotRequired[KeptText]
 
 
 # --- Replies to bridged tool calls (JSON text in tool_result.reply) ---

@@ -67,12 +67,35 @@ class OutputFile(BaseModel):
     )
 
 
+@dataclass(frozen=True)
+class KeptOutput:
+    """A cut stream's text from its start (within MCP_SANDBOX_MAX_KEPT_OUTPUT_CHARS), and how
+    many characters the program wrote to it in all."""
+
+    text: str
+    total: int
+
+
 @dataclass
 class Artifacts:
-    """The bytes that come with a result: figures and output files. Kept out of the JSON result."""
+    """What comes with a result but stays out of its JSON: figures, output files, and the whole
+    of each cut stream (by name: stdout, stderr), which the App keeps readable through a link."""
 
     figures: list[bytes] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
+    kept_output: dict[str, KeptOutput] = field(default_factory=dict)
+
+
+def kept_output(reported: object, limit: int) -> KeptOutput | None:
+    """A kept stream as the guest reported it, within `limit` and valid UTF-8, or None when the
+    report is not one."""
+    if not isinstance(reported, dict) or set(reported) != {"text", "total"}:
+        return None
+    text, total = reported["text"], reported["total"]
+    if not isinstance(text, str) or not isinstance(total, int) or isinstance(total, bool):
+        return None
+    text = text[:limit].encode("utf-8", "replace").decode("utf-8")
+    return KeptOutput(text, max(total, len(text)))
 
 
 def mime_type(name: str) -> str:
@@ -185,6 +208,12 @@ class ExecutionResult(BaseModel):
         "also come as MCP content.",
     )
     figures: int = Field(0, description="matplotlib figures returned as PNG images (MCP image content).")
+    stdout_uri: str | None = Field(
+        None,
+        description="When stdout was cut: a resource with the whole of it (read it with resources/read; "
+        "add ?first=N&last=M for lines N to M, negative counting from the end).",
+    )
+    stderr_uri: str | None = Field(None, description="The same for stderr.")
     notes: list[str] = Field([], description="What the server left out, e.g. files past a cap.")
     _artifacts: Artifacts = PrivateAttr(default_factory=Artifacts)
 
@@ -226,6 +255,7 @@ class ExecutionResult(BaseModel):
         max_output_chars: int,
         output: OutputLimits,
         read_file: ReadOutputFile,
+        max_kept_output_chars: int = 0,
     ) -> ExecutionResult:
         """The result of a run the guest reported, within every cap whatever the guest sent."""
         capped = cap_outcome(outcome, max_output_chars)
@@ -241,6 +271,11 @@ class ExecutionResult(BaseModel):
             duration_ms=duration_ms,
         )
         result._take_artifacts(capped, output, read_file)
+        if result.truncated and max_kept_output_chars:
+            for stream in ("stdout", "stderr"):
+                kept = kept_output(outcome.get(f"kept_{stream}"), max_kept_output_chars)
+                if kept is not None:
+                    result.artifacts.kept_output[stream] = kept
         return result
 
     def _take_artifacts(self, outcome: GuestOutcome, limits: OutputLimits, read_file: ReadOutputFile) -> None:

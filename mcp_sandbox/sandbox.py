@@ -81,6 +81,11 @@ class Sandbox:
             raise RuntimeError("make the Sandbox with tools=... (even {}) to use local tools")
         bridge.set_local_tools(LocalTools(tools, self.settings.bridge_call_timeout))
 
+    def read_output(self, uri: str) -> str:
+        """The whole of a cut stdout or stderr from the link a result carries (`stdout_uri`), or
+        lines of it (`?first=N&last=M`). Raises KeptOutputMissing, or ValueError for a bad link."""
+        return self._started().kept.read_uri(uri)
+
     async def reset(self, session_id: str) -> bool:
         """Drop a session and stop its sandbox; False when there was none."""
         return await self._started().reset_session(session_id)

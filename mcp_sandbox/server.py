@@ -10,12 +10,13 @@ import json
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.types import (
     CallToolResult,
     ContentBlock,
     EmbeddedResource,
     ImageContent,
+    ResourceLink,
     TextContent,
     TextResourceContents,
     Tool,
@@ -26,6 +27,7 @@ from pydantic import BaseModel, Field
 from mcp_sandbox import __version__
 from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App, InvalidRequest
 from mcp_sandbox.bridge.catalog import ToolSpec
+from mcp_sandbox.kept import URI_TEMPLATE, KeptOutputMissing, line_number
 from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import SessionElsewhere, SessionLimitReached
@@ -112,6 +114,20 @@ def tool_result(result: ExecutionResult) -> CallToolResult:
             uri = f"sandbox://output/{file.name}"
             resource = TextResourceContents(uri=uri, mime_type=file.mime_type, text=text)
             content.append(EmbeddedResource(type="resource", resource=resource))
+    for stream, link in (("stdout", result.stdout_uri), ("stderr", result.stderr_uri)):
+        if link is not None:
+            kept = result.artifacts.kept_output[stream]
+            description = f"The whole {stream} ({kept.total:,} characters) of a call whose {stream} was cut"
+            content.append(
+                ResourceLink(
+                    type="resource_link",
+                    name=f"{stream}.txt",
+                    uri=link,
+                    mime_type="text/plain",
+                    description=description,
+                    size=len(kept.text.encode("utf-8")),
+                )
+            )
     return CallToolResult(content=content, structured_content=result.model_dump(mode="json"))
 
 
@@ -130,7 +146,8 @@ def describe_execute_python(app: App) -> str:
         f"top-level `await` works. {app.backend.describe()} The same session_id (any name) keeps "
         f"variables between calls (idle ones expire after {s.session_ttl:g} s; reset_session ends one). "
         f"Timeout {s.timeout:g} s unless `timeout` says (at most {s.max_timeout:g} s); stdout and stderr "
-        f"keep {s.max_output_chars} characters each." + describe_bridge(app)
+        f"keep {s.max_output_chars} characters each (a cut one's whole text: the resource at stdout_uri)."
+        + describe_bridge(app)
     )
 
 
@@ -264,6 +281,22 @@ def build_server(app: App) -> MCPServer:
         if app.bridge is None:
             return search_answer([], 0, False)
         return search_answer(app.bridge.search(query, limit), len(app.bridge.specs), detail == "full")
+
+    @server.resource(
+        URI_TEMPLATE,
+        name="kept_output",
+        title="The whole of a cut stdout or stderr",
+        description="A call's whole stdout or stderr, when the result's was cut (its stdout_uri or "
+        "stderr_uri); first and last pick lines (from 1; negative from the end).",
+        mime_type="text/plain",
+    )
+    def kept_output(call: str, stream: str, first: str | None = None, last: str | None = None) -> str:
+        try:
+            return app.kept.read(call, stream, line_number(first), line_number(last))
+        except KeptOutputMissing as error:
+            raise ResourceNotFoundError(str(error)) from None
+        except ValueError as error:
+            raise ResourceError(str(error)) from None
 
     server.add_tool(
         execute_python,

@@ -165,6 +165,10 @@ class SessionPool:
         assert self._pool is not None, "attach a pool first"
         return self._pool
 
+    def has(self, session_id: str) -> bool:
+        """Whether the session is open here (live or hibernated)."""
+        return session_id in self._sessions
+
     def saved_call(self, session_id: str) -> int:
         """The call whose state the session's last checkpoint holds (0: none yet)."""
         session = self._sessions.get(session_id)

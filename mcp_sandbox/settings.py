@@ -44,6 +44,18 @@ class Settings(BaseSettings):
     max_output_chars: int = Field(
         32_768, ge=256, description="Cap on stdout, stderr, result and error, each (head and tail kept)."
     )
+    max_kept_output_chars: int = Field(
+        1_000_000,
+        ge=0,
+        description="Of a stdout or stderr that was cut, how many characters (from its start) are kept "
+        "whole and readable through the result's resource link; 0 keeps none.",
+    )
+    max_kept_output_mb: float = Field(
+        64.0,
+        ge=0,
+        description="Memory for kept whole outputs across all calls; past it the oldest are dropped. "
+        "A session's stay while it lives; a session-less call's for session_ttl seconds.",
+    )
     max_code_chars: int = Field(200_000, ge=1, description="Largest program accepted, in characters.")
     pool_size: int = Field(2, ge=0, description="Sandboxes kept started and ready for new sessions.")
     max_sessions: int = Field(16, ge=1, description="Sessions alive at once; past it calls are refused.")

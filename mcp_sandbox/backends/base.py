@@ -50,6 +50,7 @@ class ExecutorLimits:
     def from_settings(cls, settings: Settings) -> ExecutorLimits:
         guest: GuestLimits = {
             "max_output_chars": settings.max_output_chars,
+            "max_kept_output_chars": settings.max_kept_output_chars,
             "output": settings.output_limits(),
         }
         return cls(guest, settings.interrupt_grace, settings.bridge_max_calls, settings.max_state_mb * 2**20)
@@ -260,6 +261,7 @@ class Executor(ABC):
                 max_output_chars=self.limits.max_output_chars,
                 output=self.limits.guest["output"],
                 read_file=self._read_output_file,
+                max_kept_output_chars=self.limits.guest["max_kept_output_chars"],
             )
 
         try:

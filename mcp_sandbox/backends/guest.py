@@ -42,6 +42,7 @@ from mcp_sandbox.protocol import (
     GuestFile,
     GuestLimits,
     GuestOutcome,
+    KeptText,
     OutputLimits,
     ProgressMessage,
     ToolCallMessage,
@@ -66,8 +67,12 @@ class CappedText(io.TextIOBase):
     written, and counts what falls between them.
     """
 
-    def __init__(self, limit: int, on_line: Callable[[str], None] | None = None) -> None:
+    def __init__(self, limit: int, on_line: Callable[[str], None] | None = None, keep: int = 0) -> None:
+        """`keep`: also keep this many characters from the start whole, for when the stream is cut."""
         self._on_line = on_line
+        self._keep_limit = keep
+        self._kept: list[str] = []
+        self._kept_len = 0
         self._partial = ""
         self._reported = 0.0
         self._head_limit = limit - limit // 2
@@ -88,6 +93,10 @@ class CappedText(io.TextIOBase):
         self.total += length
         if self._on_line is not None:
             self._note_line(text)
+        if self._kept_len < self._keep_limit:
+            piece = text[: self._keep_limit - self._kept_len]
+            self._kept.append(piece)
+            self._kept_len += len(piece)
         room = self._head_limit - self._head_len
         if room > 0:
             self._head.append(text[:room])
@@ -119,6 +128,12 @@ class CappedText(io.TextIOBase):
     @property
     def truncated(self) -> bool:
         return self.total > self._head_limit + self._tail_limit
+
+    def kept(self) -> KeptText | None:
+        """The text from its start, up to the keep limit, when the stream was cut; else None."""
+        if not self.truncated or not self._keep_limit:
+            return None
+        return {"text": "".join(self._kept), "total": self.total}
 
     def getvalue(self) -> str:
         head = "".join(self._head)
@@ -446,7 +461,7 @@ class Interpreter:
         before = self._output_after if self.private_output else None
         if before is None:
             before = _scan_output()
-        outcome = self._run(code, self.limits["max_output_chars"])
+        outcome = self._run(code)
         if isinstance(outcome, dict):
             return self._with_artifacts(outcome, before)
         return self._with_artifacts_async(outcome, before)
@@ -466,11 +481,12 @@ class Interpreter:
         outcome["figures"], outcome["files"], outcome["notes"] = figures, files, notes
         return outcome
 
-    def _run(self, code: str, max_output_chars: int) -> GuestOutcome | Coroutine[Any, Any, GuestOutcome]:
+    def _run(self, code: str) -> GuestOutcome | Coroutine[Any, Any, GuestOutcome]:
         self.cells += 1
         report = self.channel.progress if self.channel is not None else None
-        stdout = CappedText(max_output_chars, report)
-        stderr = CappedText(max_output_chars, report)
+        max_output_chars, keep = self.limits["max_output_chars"], self.limits["max_kept_output_chars"]
+        stdout = CappedText(max_output_chars, report, keep)
+        stderr = CappedText(max_output_chars, report, keep)
         try:
             program = Program(code, self.cells)
         except BaseException as error:  # noqa: BLE001 - a SyntaxError is the caller's outcome
@@ -662,7 +678,7 @@ def _outcome(
     elif value is not None:
         result, cut = cap_text(_safe_repr(value), max_output_chars)
         truncated = truncated or cut
-    return {
+    outcome: GuestOutcome = {
         "success": error is None,
         "stdout": stdout.getvalue(),
         "stderr": stderr.getvalue(),
@@ -671,6 +687,11 @@ def _outcome(
         "error": message,
         "truncated": truncated,
     }
+    if (kept := stdout.kept()) is not None:
+        outcome["kept_stdout"] = kept
+    if (kept := stderr.kept()) is not None:
+        outcome["kept_stderr"] = kept
+    return outcome
 
 
 def interrupted_outcome(error: BaseException) -> GuestOutcome:
@@ -716,6 +737,7 @@ WARM_UP_FIRST_CELL = 1_000_000_000
 #: The warm-up takes the same path as a run, artifacts included, but hands nothing back.
 WARM_UP_LIMITS: GuestLimits = {
     "max_output_chars": 1000,
+    "max_kept_output_chars": 0,
     "output": {"max_files": 0, "max_bytes": 0, "max_figures": 0},
 }
 

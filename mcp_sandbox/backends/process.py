@@ -105,7 +105,11 @@ class ProcessExecutor(Executor):
         super().__init__(limits, hooks)
         self._process = process
         self._token = secrets.token_hex(16)
-        self._max_line = protocol.max_line_bytes(limits.max_output_chars, limits.guest["output"]["max_bytes"])
+        self._max_line = protocol.max_line_bytes(
+            limits.max_output_chars,
+            limits.guest["output"]["max_bytes"],
+            limits.guest["max_kept_output_chars"],
+        )
         self._send_messages: MemoryObjectSendStream[RunnerMessage | Malformed]
         self._messages: MemoryObjectReceiveStream[RunnerMessage | Malformed]
         self._send_messages, self._messages = anyio.create_memory_object_stream[RunnerMessage | Malformed](16)

@@ -8,7 +8,8 @@ import uuid
 import anyio
 import anyio.abc
 import pytest
-from mcp import Client
+from mcp import Client, MCPError
+from mcp.types import ResourceLink, TextResourceContents
 
 from tests.integration.conftest import (
     TEST_ENV,
@@ -208,6 +209,31 @@ async def test_a_million_characters_are_truncated_keeping_head_and_tail(client: 
     assert len(stdout) <= 32_768 + 100
     assert "characters truncated" in stdout
     assert "967," in stdout  # the marker says how much was cut: 1,000,009 - 32,768
+
+
+async def test_a_cut_output_can_be_read_back_whole_through_its_link(client: Client) -> None:
+    code = "for n in range(1, 60_001): print(f'line {n}')\nimport sys; print('to stderr', file=sys.stderr)"
+    response = await client.call_tool("execute_python", {"code": code, "session_id": "long-log"})
+    result = response.structured_content
+    assert result is not None and result["truncated"] is True, result
+    uri = result["stdout_uri"]
+    assert uri and result["stderr_uri"] is None, "stderr was not cut, so it has no link"
+    assert any(uri in note for note in result["notes"]), result["notes"]
+    links = [block for block in response.content if isinstance(block, ResourceLink)]
+    assert [str(link.uri) for link in links] == [uri]
+
+    async def read(link: str) -> str:
+        (contents,) = (await client.read_resource(link)).contents
+        assert isinstance(contents, TextResourceContents)
+        return contents.text
+
+    whole = await read(uri)
+    assert whole.count("\n") == 60_000 and whole.startswith("line 1\n") and whole.endswith("line 60000\n")
+    assert await read(uri + "?first=50000&last=50001") == "line 50000\nline 50001\n"
+    assert await read(uri + "?first=-1") == "line 60000\n"
+    assert (await client.call_tool("reset_session", {"session_id": "long-log"})).structured_content
+    with pytest.raises(MCPError, match="session 'long-log' was reset"):
+        await read(uri)
 
 
 async def test_huge_result_repr_is_truncated(client: Client) -> None:

@@ -11,7 +11,11 @@ from mcp_sandbox.protocol import GuestOutcome
 
 #: Quick to kill after an ignored interrupt, as the unit tests want.
 FAKE_LIMITS = ExecutorLimits(
-    {"max_output_chars": 1000, "output": {"max_files": 0, "max_bytes": 0, "max_figures": 0}},
+    {
+        "max_output_chars": 1000,
+        "max_kept_output_chars": 0,
+        "output": {"max_files": 0, "max_bytes": 0, "max_figures": 0},
+    },
     grace=0.05,
     max_tool_calls=10,
 )

@@ -16,7 +16,7 @@ NO_ARTIFACTS: OutputLimits = {"max_files": 0, "max_bytes": 0, "max_figures": 0}
 
 
 def interpreter(limit: int = 1000, output: OutputLimits = NO_ARTIFACTS) -> Interpreter:
-    return Interpreter({"max_output_chars": limit, "output": output})
+    return Interpreter({"max_output_chars": limit, "max_kept_output_chars": 0, "output": output})
 
 
 def run(code: str, session: Interpreter | None = None, limit: int = 1000) -> GuestOutcome:
@@ -49,6 +49,18 @@ def test_capped_text_memory_stays_bounded_under_many_small_writes() -> None:
         stream.write(str(index % 10))
     assert sum(len(part) for part in stream._tail) <= 3 * 50
     assert stream.getvalue().endswith("6789")
+
+
+def test_capped_text_keeps_the_start_whole_when_cut_up_to_its_keep_limit() -> None:
+    stream = CappedText(10, keep=25)
+    for _ in range(10):
+        stream.write("0123456789")
+    assert stream.kept() == {"text": "0123456789012345678901234", "total": 100}
+    assert sum(len(part) for part in stream._kept) == 25
+    uncut = CappedText(10, keep=25)
+    uncut.write("short")
+    assert uncut.kept() is None, "nothing was cut, so the result has it all"
+    assert CappedText(10).kept() is None
 
 
 def test_cap_text_short_and_long() -> None:

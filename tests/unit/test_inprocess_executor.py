@@ -18,7 +18,11 @@ from mcp_sandbox.result import ExecutionResult
 pytestmark = pytest.mark.anyio
 
 LIMITS = ExecutorLimits(
-    {"max_output_chars": 10_000, "output": {"max_files": 0, "max_bytes": 0, "max_figures": 0}},
+    {
+        "max_output_chars": 10_000,
+        "max_kept_output_chars": 0,
+        "output": {"max_files": 0, "max_bytes": 0, "max_figures": 0},
+    },
     grace=0.5,
     max_tool_calls=10,
 )

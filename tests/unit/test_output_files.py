@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.result import read_output_file
+from mcp_sandbox.result import kept_output, read_output_file
 
 
 @pytest.fixture
@@ -51,3 +51,23 @@ def test_output_itself_as_a_link_is_refused(tmp_path: Path) -> None:
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "output").symlink_to(elsewhere, target_is_directory=True)
     assert read_output_file(tmp_path / "work", "x.txt", 100) is None
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"text": 5, "total": 1},
+        {"text": "x", "total": True},
+        {"text": "x"},
+        {"text": "x", "total": 1, "more": 1},
+        "x",
+    ],
+)
+def test_a_kept_stream_the_guest_misreports_is_ignored(forged: object) -> None:
+    assert kept_output(forged, 100) is None
+
+
+def test_a_kept_stream_is_held_to_the_keep_limit_and_valid_utf8() -> None:
+    kept = kept_output({"text": "\ud800" + "y" * 500, "total": 3}, 100)
+    assert kept is not None and len(kept.text) == 100 and kept.text.startswith("?")
+    assert kept.total == 100, "never fewer characters written than kept"

@@ -25,6 +25,7 @@ export type OutputLimits = {
 
 export type GuestLimits = {
   max_output_chars: number;
+  max_kept_output_chars: number;
   output: OutputLimits;
 };
 
@@ -32,6 +33,11 @@ export type GuestFile = {
   path: string;
   size: number;
   data?: string;
+};
+
+export type KeptText = {
+  text: string;
+  total: number;
 };
 
 export type GuestOutcome = {
@@ -45,6 +51,8 @@ export type GuestOutcome = {
   files?: GuestFile[];
   figures?: string[];
   notes?: string[];
+  kept_stdout?: KeptText;
+  kept_stderr?: KeptText;
 };
 
 export type InitMessage = {

@@ -48,6 +48,7 @@ TYPES = (
     "OutputLimits",
     "GuestLimits",
     "GuestFile",
+    "KeptText",
     "GuestOutcome",
     "InitMessage",
     "RunMessage",
