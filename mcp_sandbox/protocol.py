@@ -172,9 +172,23 @@ class GuestOutcome(TypedDict):
 # --- Replies to bridged tool calls (JSON text in tool_result.reply) ---
 
 
+class ToolContentItem(TypedDict):
+    """One block of a tool's result that is not plain data. `data`: base64 bytes (an image,
+    audio, a binary resource); `text`: a text block's or a text resource's text; `uri`: a
+    resource's or a link's address."""
+
+    kind: Literal["text", "image", "audio", "resource", "resource_link"]
+    mime_type: NotRequired[str | None]
+    data: NotRequired[str]
+    text: NotRequired[str]
+    uri: NotRequired[str]
+
+
 class ToolReplyOk(TypedDict):
     ok: Literal[True]
     value: Any
+    #: Instead of `value` when the result holds images or resources: its blocks, in order.
+    content: NotRequired[list[ToolContentItem]]
 
 
 class ToolReplyError(TypedDict):
@@ -192,8 +206,11 @@ class ToolReplyInterrupted(TypedDict):
 ToolReply = ToolReplyOk | ToolReplyError | ToolReplyInterrupted
 
 
-def reply_ok(value: Any) -> str:
-    return json.dumps(ToolReplyOk(ok=True, value=value), ensure_ascii=False)
+def reply_ok(value: Any, content: list[ToolContentItem] | None = None) -> str:
+    reply = ToolReplyOk(ok=True, value=value)
+    if content is not None:
+        reply["content"] = content
+    return json.dumps(reply, ensure_ascii=False)
 
 
 def reply_error(message: str) -> str:

@@ -159,8 +159,9 @@ def describe_bridge(app: App) -> str:
     return (
         " Call other MCP servers' tools as functions, `tools.<server>.<tool>(**arguments)`"
         f"{app.bridge.summary()}, found by search_tools; results come back as data (structured, or "
-        "JSON text parsed), failures raise ToolError, and `_async` twins with asyncio.gather run calls "
-        "at once. Prefer one program that calls many tools."
+        "JSON text parsed; images and resources as objects with .data, .mime_type, .uri), failures "
+        "raise ToolError, and `_async` twins with asyncio.gather run calls at once. Prefer one program "
+        "that calls many tools."
     )
 
 

@@ -20,7 +20,7 @@ import stat
 import sys
 import threading
 import warnings
-from binascii import b2a_base64
+from binascii import a2b_base64, b2a_base64
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager, suppress
 
@@ -46,6 +46,7 @@ from mcp_sandbox.protocol import (
     OutputLimits,
     ProgressMessage,
     ToolCallMessage,
+    ToolContentItem,
     cap_text,
 )
 
@@ -209,6 +210,32 @@ class ToolError(Exception):
 ToolError.__module__ = "tools"  # shown as tools.ToolError, the name code can catch it by
 
 
+class ToolContent:
+    """An image, audio clip, resource or resource link a tool returned. `data`: the bytes (an
+    image, audio, a binary resource) or the text (a text resource); `mime_type`; `uri` (a
+    resource's, or a link's); `kind`: image, audio, resource or resource_link."""
+
+    __slots__ = ("data", "kind", "mime_type", "uri")
+
+    def __init__(self, item: ToolContentItem) -> None:
+        self.kind = item["kind"]
+        self.mime_type = item.get("mime_type")
+        self.uri = item.get("uri")
+        self.data: bytes | str | None = item.get("text")
+        if "data" in item:
+            self.data = a2b_base64(item["data"])
+
+    def __repr__(self) -> str:
+        size = ""
+        if self.data is not None:
+            size = f"{len(self.data):,} {'bytes' if isinstance(self.data, bytes) else 'characters'}"
+        described = [self.mime_type or "", self.uri or "", size]
+        return f"<tools.ToolContent {self.kind}: {', '.join(part for part in described if part)}>"
+
+
+ToolContent.__module__ = "tools"
+
+
 class ToolChannel:
     """The guest's end of bridged tool calls and progress, the same in every runner.
 
@@ -310,7 +337,11 @@ def _annotation(text: str, optional: bool) -> Any:
 def _unpack(reply_text: str) -> Any:
     reply = loads(reply_text)
     if reply.get("ok"):
-        return reply.get("value")
+        if "content" not in reply:
+            return reply.get("value")
+        # Text blocks stay strings beside the images and resources; one block comes alone.
+        items = [item["text"] if item["kind"] == "text" else ToolContent(item) for item in reply["content"]]
+        return items[0] if len(items) == 1 else items
     if reply.get("interrupted"):
         raise KeyboardInterrupt
     raise ToolError(reply.get("error") or "the tool call failed")
@@ -395,6 +426,7 @@ class Tools:
     ``help(tools.<server>.<tool>)`` shows a tool's parameters; failures raise ToolError."""
 
     ToolError = ToolError
+    ToolContent = ToolContent
 
     def __init__(self, servers: dict[str, ServerTools]) -> None:
         self.__dict__.update(servers)

@@ -22,12 +22,22 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
+from mcp.types import (
+    CONNECTION_CLOSED,
+    AudioContent,
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+    TextResourceContents,
+    Tool,
+)
 
 from mcp_sandbox.bridge.catalog import LOCAL_SERVER, SearchIndex, ToolSpec, python_name, tool_spec
 from mcp_sandbox.bridge.config import BridgeConfig, StdioUpstream, Upstream
 from mcp_sandbox.bridge.local import LocalTools
-from mcp_sandbox.protocol import MAX_TOOL_REPLY_CHARS, reply_error, reply_ok
+from mcp_sandbox.protocol import MAX_TOOL_REPLY_CHARS, ToolContentItem, reply_error, reply_ok
 from mcp_sandbox.retry import Backoff
 
 logger = logging.getLogger(__name__)
@@ -167,6 +177,34 @@ def _text(result: CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
 
 
+def _media(result: CallToolResult) -> list[ToolContentItem] | None:
+    """The result's blocks for the guest to make objects of, when any is an image, audio or a
+    resource; None when all are text (the value is then data or text)."""
+    if all(isinstance(block, TextContent) for block in result.content):
+        return None
+    items: list[ToolContentItem] = []
+    for block in result.content:
+        if isinstance(block, TextContent):
+            items.append({"kind": "text", "text": block.text})
+        elif isinstance(block, ImageContent | AudioContent):
+            items.append({"kind": block.type, "mime_type": block.mime_type, "data": block.data})
+        elif isinstance(block, EmbeddedResource):
+            resource = block.resource
+            item: ToolContentItem = {
+                "kind": "resource",
+                "mime_type": resource.mime_type,
+                "uri": str(resource.uri),
+            }
+            if isinstance(resource, TextResourceContents):
+                item["text"] = resource.text
+            else:
+                item["data"] = resource.blob
+            items.append(item)
+        elif isinstance(block, ResourceLink):
+            items.append({"kind": "resource_link", "mime_type": block.mime_type, "uri": str(block.uri)})
+    return items
+
+
 def _tool_value(result: CallToolResult, spec: ToolSpec) -> Any:
     """Results as data: the structured content; else one text block that is a JSON object or
     array, parsed (most servers answer JSON as text); else the text."""
@@ -296,7 +334,8 @@ class ToolBridge:
         if result.is_error:
             return reply_error(_text(result) or f"{conn.name}.{spec.name} reported an error")
         try:
-            reply = reply_ok(_tool_value(result, spec))
+            media = None if result.structured_content is not None else _media(result)
+            reply = reply_ok(None, media) if media is not None else reply_ok(_tool_value(result, spec))
         except (TypeError, ValueError) as error:
             return reply_error(f"{conn.name}.{spec.name} returned data that is not JSON: {error}")
         if len(reply) > MAX_TOOL_REPLY_CHARS:

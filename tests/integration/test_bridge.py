@@ -121,6 +121,32 @@ async def test_return_types_and_names(client: Client) -> None:
     assert result["result"] == "('HI HI', [0, 1, 2], {'city': 'Oslo', 'sky': 'clear'}, 'class x')", result
 
 
+async def test_images_and_resources_come_back_as_small_objects(client: Client) -> None:
+    code = (
+        "caption, image = tools.calc.chart(title='sales')\n"
+        "page = tools.calc.manual(page='intro')\n"
+        "(caption, image.kind, image.mime_type, image.data[:8], len(image.data),"
+        " image.data[8:] == bytes(range(256)), isinstance(image, tools.ToolContent),"
+        " page.kind, page.uri, page.mime_type, page.data, repr(image))"
+    )
+    result = await call(client, code)
+    assert result["success"] is True, result
+    assert eval(result["result"]) == (
+        "chart: sales",
+        "image",
+        "image/png",
+        b"\x89PNG\r\n\x1a\n",
+        264,
+        True,
+        True,
+        "resource",
+        "docs://manual/intro",
+        "text/markdown",
+        "# intro\n",
+        "<tools.ToolContent image: image/png, 264 bytes>",
+    )
+
+
 async def test_upstream_error_raises_tool_error_with_its_message(client: Client) -> None:
     result = await call(client, "tools.calc.fail(message='the upstream says no')")
     assert result["error_type"] == "ToolError"

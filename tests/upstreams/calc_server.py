@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 from typing import Annotated
@@ -12,6 +13,7 @@ from typing import Annotated
 import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, EmbeddedResource, ImageContent, TextContent, TextResourceContents
 from pydantic import BaseModel, Field
 
 app = MCPServer("calc")
@@ -71,6 +73,24 @@ def get_weather(city: str) -> dict[str, str]:
 def class_(kind: str) -> str:
     """A tool named like a Python keyword."""
     return f"class {kind}"
+
+
+#: The 8 bytes every PNG starts with, then a marker: enough to check bytes arrive unchanged.
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
+
+
+@app.tool()
+def chart(title: str) -> CallToolResult:
+    """An image and its caption, as a plotting server answers."""
+    image = ImageContent(type="image", data=base64.b64encode(PNG).decode(), mime_type="image/png")
+    return CallToolResult(content=[TextContent(type="text", text=f"chart: {title}"), image])
+
+
+@app.tool()
+def manual(page: str) -> CallToolResult:
+    """One embedded text resource, as a documentation server answers."""
+    text = TextResourceContents(uri=f"docs://manual/{page}", mime_type="text/markdown", text=f"# {page}\n")
+    return CallToolResult(content=[EmbeddedResource(type="resource", resource=text)])
 
 
 @app.tool()
