@@ -269,3 +269,40 @@ async def test_an_upstream_that_crashes_mid_call_is_reconnected(client: Client) 
             else:
                 await anyio.sleep(0.5)
     assert recovered != before["result"], "a new upstream process answers"
+
+
+@pytest.fixture
+def doomed_upstream() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A streamable HTTP upstream the test stops."""
+    process, port = start_upstream("http")
+    try:
+        yield process, f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+async def test_an_upstream_that_goes_down_is_named_with_when_it_was_last_reachable(
+    backend: str, tmp_path: Path, doomed_upstream: tuple[subprocess.Popen[bytes], str]
+) -> None:
+    process, url = doomed_upstream
+    config = tmp_path / "upstreams.json"
+    config.write_text(json.dumps({"mcpServers": {"doomed": {"url": url}}}))
+    params = server_params(
+        MCP_SANDBOX_BACKEND=backend,
+        MCP_SANDBOX_BRIDGE_CONFIG=str(config),
+        MCP_SANDBOX_BRIDGE_CALL_TIMEOUT=str(CALL_TIMEOUT),
+        MCP_SANDBOX_POOL_SIZE="1",
+    )
+    async with Client(params) as client:
+        assert (await call(client, "tools.doomed.add(a=1, b=2)"))["result"] == "{'sum': 3}"
+        process.kill()
+        process.wait(10)
+        failed = await call(client, "tools.doomed.add(a=1, b=2)")
+        if "disconnected" in (failed["error"] or ""):  # the call that finds it gone; the next one waits
+            failed = await call(client, "tools.doomed.add(a=1, b=2)")
+    assert failed["error_type"] == "ToolError", failed
+    error = failed["error"]
+    assert "upstream 'doomed' is down" in error, error
+    assert "last reachable at" in error and "s ago" in error, error
+    assert f"calls may take {CALL_TIMEOUT} s" in error and "MCP_SANDBOX_BRIDGE_CALL_TIMEOUT" in error, error
