@@ -142,12 +142,11 @@ def _is_text(mime: str) -> bool:
 def describe_execute_python(app: App) -> str:
     s = app.settings
     return (
-        "Run Python in a sandbox: returns stdout, stderr and the last expression's repr() (like a REPL); "
-        f"top-level `await` works. {app.backend.describe()} The same session_id (any name) keeps "
-        f"variables between calls (idle ones expire after {s.session_ttl:g} s; reset_session ends one). "
-        f"Timeout {s.timeout:g} s unless `timeout` says (at most {s.max_timeout:g} s); stdout and stderr "
-        f"keep {s.max_output_chars} characters each (a cut one's whole text: the resource at stdout_uri)."
-        + describe_bridge(app)
+        "Run Python in a sandbox; returns stdout, stderr and the last expression's repr() like a REPL; "
+        f"top-level await works. {app.backend.describe()} A session_id keeps variables between calls "
+        f"(idle ones expire after {s.session_ttl:g} s; reset_session ends one). Timeout {s.timeout:g} s "
+        f"unless `timeout` says (max {s.max_timeout:g} s). stdout and stderr keep {s.max_output_chars} "
+        "characters each; a cut one is whole at stdout_uri/stderr_uri." + describe_bridge(app)
     )
 
 
@@ -157,11 +156,10 @@ def describe_bridge(app: App) -> str:
     if app.bridge is None:
         return ""
     return (
-        " Call other MCP servers' tools as functions, `tools.<server>.<tool>(**arguments)`"
-        f"{app.bridge.summary()}, found by search_tools; results come back as data (structured, or "
-        "JSON text parsed; images and resources as objects with .data, .mime_type, .uri), failures "
-        "raise ToolError, and `_async` twins with asyncio.gather run calls at once. Prefer one program "
-        "that calls many tools."
+        f" Call other MCP servers' tools as `tools.<server>.<tool>(**arguments)`{app.bridge.summary()}, "
+        "found with search_tools. Results are data: structured, parsed JSON text, or objects with .data, "
+        ".mime_type, .uri for images and resources. Failures raise ToolError; `_async` twins run calls "
+        "at once with asyncio.gather. Prefer one program calling many tools."
     )
 
 
@@ -186,6 +184,8 @@ def compact_schema(schema: Any, *, result: bool = False) -> Any:
     dropped = {"title", "default", "description", "required"} if result else {"title"}
     compacted = {}
     for key, value in schema.items():
+        if key == "default" and value is None:
+            continue  # an optional argument's absence says it
         if key in ("properties", "$defs"):
             compacted[key] = {name: compact_schema(sub, result=result) for name, sub in value.items()}
         elif key not in dropped:
@@ -236,7 +236,7 @@ def build_server(app: App) -> MCPServer:
         timeout: Annotated[
             float | None,
             Field(
-                description="Seconds it may run (at most the server's maximum).",
+                description="Seconds it may run.",
                 json_schema_extra={"exclusiveMinimum": 0},
             ),
         ] = None,
@@ -277,8 +277,7 @@ def build_server(app: App) -> MCPServer:
             Literal["brief", "full"], Field(description="full: the whole description and the schemas.")
         ] = "brief",
     ) -> CallToolResult:
-        """Find the MCP tools code in execute_python can call, best match first: their Python
-        signatures. An empty query lists the first `limit`."""
+        # Its description is set in add_tool: a docstring's indentation would cost tokens in every listing.
         if app.bridge is None:
             return search_answer([], 0, False)
         return search_answer(app.bridge.search(query, limit), len(app.bridge.specs), detail == "full")
@@ -302,11 +301,14 @@ def build_server(app: App) -> MCPServer:
     server.add_tool(
         execute_python,
         description=describe_execute_python(app),
-        annotations=ToolAnnotations(title="Run Python", read_only_hint=False, open_world_hint=False),
+        annotations=ToolAnnotations(title="Run Python", open_world_hint=False),
     )
     if app.bridge is not None:
         server.add_tool(
-            search_tools, annotations=ToolAnnotations(title="Search bridged tools", read_only_hint=True)
+            search_tools,
+            description="Find the tools execute_python code can call, best first, as Python signatures; "
+            "an empty query lists them.",
+            annotations=ToolAnnotations(title="Search bridged tools", read_only_hint=True),
         )
     server.add_tool(
         reset_session,
