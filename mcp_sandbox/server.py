@@ -25,7 +25,8 @@ from pydantic import BaseModel, Field
 
 from mcp_sandbox import __version__
 from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App, InvalidRequest
-from mcp_sandbox.bridge.catalog import ToolSpec
+from mcp_sandbox.bridge.catalog import NO_MATCH, ToolSpec
+from mcp_sandbox.bridge.stubs import stubs
 from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import SessionElsewhere, SessionLimitReached
@@ -74,11 +75,23 @@ def found_tool(spec: ToolSpec, full: bool) -> dict[str, Any]:
     return found
 
 
-def search_answer(specs: list[ToolSpec], total: int, full: bool) -> CallToolResult:
-    """A search_tools answer: for the agent, one line per tool (signature  # first sentence), or
-    the full entries as JSON; for programs, the same as structured content."""
-    found = [found_tool(spec, full) for spec in specs]
-    if full:
+#: How much search_tools says of each tool: a line, everything, or Python stubs.
+SearchDetail = Literal["brief", "full", "stub"]
+
+
+def search_answer(specs: list[ToolSpec], total: int, detail: SearchDetail = "brief") -> CallToolResult:
+    """A search_tools answer: for the agent, one line per tool (signature  # first sentence), the
+    full entries as JSON, or Python stubs (valid Python: the count is a comment); for programs,
+    the same as structured content."""
+    found = [found_tool(spec, detail == "full") for spec in specs]
+    count = f"{len(found)} of {total} tools"
+    if detail == "stub":
+        text = stubs(specs, count)
+        return CallToolResult(
+            content=[TextContent(type="text", text=text)],
+            structured_content={"tools": found, "total": total, "stubs": text},
+        )
+    if detail == "full":
         text = json.dumps(found, separators=(",", ":"), ensure_ascii=False)
     else:
         text = "\n".join(
@@ -87,8 +100,8 @@ def search_answer(specs: list[ToolSpec], total: int, full: bool) -> CallToolResu
             for hit in found
         )
     if not found:
-        text = "no tool matches; try other words, or an empty query to list them"
-    text += f"\n({len(found)} of {total} tools)"
+        text = NO_MATCH
+    text += f"\n({count})"
     return CallToolResult(
         content=[TextContent(type="text", text=text)], structured_content={"tools": found, "total": total}
     )
@@ -256,14 +269,15 @@ def build_server(app: App) -> MCPServer:
         query: Annotated[str, Field(max_length=500, description="Words describing the tool.")],
         limit: Annotated[int, Field(ge=1, le=100)] = 5,
         detail: Annotated[
-            Literal["brief", "full"], Field(description="full: the whole description and the schemas.")
+            SearchDetail,
+            Field(description="full: the whole description and the schemas; stub: Python stubs."),
         ] = "brief",
     ) -> CallToolResult:
         """Find the MCP tools code in execute_python can call, best match first: their Python
         signatures. An empty query lists the first `limit`."""
         if app.bridge is None:
-            return search_answer([], 0, False)
-        return search_answer(app.bridge.search(query, limit), len(app.bridge.specs), detail == "full")
+            return search_answer([], 0, detail)
+        return search_answer(app.bridge.search(query, limit), len(app.bridge.specs), detail)
 
     server.add_tool(
         execute_python,

@@ -198,6 +198,8 @@ def tool_spec(
     )
 
 
+#: What a search that finds nothing says.
+NO_MATCH = "no tool matches; try other words, or an empty query to list them"
 #: Words a query carries that say nothing about which tool: "create a jira item".
 STOPWORDS = frozenset(
     "a an and any all as at be by for from get i in into is it me my of on or please some the "
