@@ -18,7 +18,8 @@ security table says.) Closing the runner's stdin asks it to exit.
     interrupt    stop run ``id``            crashed    the runtime failed during run ``id``
     jit_warm_up  spend idle time on the JIT fatal      the runner cannot go on
     tool_result  answer tool_call ``call``  progress   the latest line the program printed
-                                            tool_call  code calls tools.<server>.<tool>
+                 (or describe ``call``)     tool_call  code calls tools.<server>.<tool>
+                                            describe   code calls tools.describe(...)
 
 Runner <-> worker (Pyodide only). The Deno runner's main thread (runner.ts) owns stdin/stdout
 and hosts Pyodide in a less-permitted Worker (worker.ts). Main -> worker: ``WorkerInit``,
@@ -331,6 +332,17 @@ class ToolCallMessage(TypedDict):
     arguments: str
 
 
+class DescribeMessage(TypedDict):
+    """Sandboxed code calls tools.describe(``query``): the Python stubs of the tools it names (a
+    server, a tool, or words to search for, the best ``limit``). Numbered with the tool calls,
+    counted with them, and answered the same way: a tool_result whose value is the stub text."""
+
+    type: Literal["describe"]
+    call: int
+    query: str
+    limit: int
+
+
 class RecycledMessage(TypedDict):
     """The answer to recycle ``id``: ``clean``, or why the sandbox cannot be recycled (``reason``;
     the host then replaces it). ``ms``: what the reset took."""
@@ -373,6 +385,7 @@ RunnerMessage = (
     | FatalMessage
     | ProgressMessage
     | ToolCallMessage
+    | DescribeMessage
     | RecycledMessage
     | CheckpointedMessage
     | RestoredMessage
@@ -525,7 +538,7 @@ class WorkerPost(TypedDict):
 
 
 #: Runner messages a worker may post between results; anything else without a run id is dropped.
-PASSING_KINDS = ("progress", "tool_call", "ready", "fatal")
+PASSING_KINDS = ("progress", "tool_call", "describe", "ready", "fatal")
 
 
 # pydantic, validating on the host, refuses a field the protocol does not name: a runner and a

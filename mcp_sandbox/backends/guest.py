@@ -39,6 +39,7 @@ from mcp_sandbox.protocol import (
     OUTPUT_DIR,
     PROGRESS_EVERY_S,
     TRUNCATION_MARKER,
+    DescribeMessage,
     GuestFile,
     GuestLimits,
     GuestOutcome,
@@ -228,7 +229,16 @@ class ToolChannel:
         return call, dumps(message)
 
     def call_sync(self, server: str, tool: str, arguments: str) -> str:
-        call, message = self._request(server, tool, arguments)
+        return self._exchange(*self._request(server, tool, arguments))
+
+    def describe(self, query: str, limit: int) -> str:
+        """The host's stubs of the tools `query` names, as a ToolReply (JSON text)."""
+        call = next(self._numbers)
+        message: DescribeMessage = {"type": "describe", "call": call, "query": query, "limit": limit}
+        return self._exchange(call, dumps(message))
+
+    def _exchange(self, call: int, message: str) -> str:
+        """Send `message` (request number `call`) and wait for the host's reply."""
         if self._block is not None:
             return self._block(call, message)
         replies: list[str] = []
@@ -374,15 +384,43 @@ class ServerTools:
         raise AttributeError(f"the {self._server} server has no tool {name!r}{_closest(name, tools)}")
 
 
+class StubText(str):
+    """Python stubs, shown as the code they are (a REPL's last line shows them unescaped)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 class Tools:
     """The upstream MCP servers' tools: call ``tools.<server>.<tool>(**arguments)``, or
     ``await tools.<server>.<tool>_async(...)`` to run several at once with asyncio.gather.
-    ``help(tools.<server>.<tool>)`` shows a tool's parameters; failures raise ToolError."""
+    ``help(tools.<server>.<tool>)`` shows a tool's parameters, ``tools.describe("words")`` Python
+    stubs of the tools they name; failures raise ToolError."""
 
     ToolError = ToolError
 
-    def __init__(self, servers: dict[str, ServerTools]) -> None:
+    def __init__(self, servers: dict[str, ServerTools], channel: ToolChannel | None = None) -> None:
         self.__dict__.update(servers)
+        self.__channel = channel  # mangled: no server name can clash with it
+
+    def describe(self, query: Any = "", limit: int = 5) -> StubText:
+        """Python stubs (TypedDicts of the arguments and results, and the signatures) of the tools
+        ``query`` names: a server (all its tools), a tool (``"jira_create_item"``,
+        ``"jira.jira_create_item"``, or the function itself), else the best ``limit`` matches of its
+        words. The same text as search_tools(detail="stub"); print it."""
+        if isinstance(query, ServerTools):
+            query = query._server
+        elif callable(query) and str(getattr(query, "__module__", "")).startswith("tools."):
+            name = query.__name__
+            if inspect.iscoroutinefunction(query):  # the async twin describes its tool
+                name = name.removesuffix("_async")
+            query = f"{query.__module__}.{name}"
+        if not isinstance(query, str):
+            raise TypeError(f"tools.describe() takes a name or words, not {type(query).__name__}")
+        channel = self.__channel
+        if channel is None:
+            raise ToolError("no upstream MCP servers are configured")
+        return StubText(_unpack(channel.describe(query, limit)))
 
     def __repr__(self) -> str:
         servers = [repr(v) for k, v in vars(self).items() if isinstance(v, ServerTools)]
@@ -413,7 +451,7 @@ def build_tools(manifest: list[dict[str, Any]], channel: ToolChannel | None) -> 
             functions = servers.setdefault(spec["server_py"], {})
             functions[spec["name_py"]] = call
             functions[spec["name_py"] + "_async"] = call_async
-    return Tools({name: ServerTools(name, functions) for name, functions in servers.items()})
+    return Tools({name: ServerTools(name, functions) for name, functions in servers.items()}, channel)
 
 
 class Interpreter:

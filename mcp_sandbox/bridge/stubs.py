@@ -306,4 +306,4 @@ def stubs(specs: list[ToolSpec], note: str = "") -> str:
         blocks.append("\n".join(namespace))
     if note:
         blocks.append(f"# {note}")
-    return "\n\n".join(block for block in blocks if block) + "\n"
+    return "\n\n".join(block for block in blocks if block)

@@ -66,7 +66,7 @@ def test_a_tool_gets_its_arguments_typed_dict_and_its_function_where_code_calls_
     assert function.__annotations__["return"] is Any  # no output schema
     assert "    limit: NotRequired[int]  # How many items to return at most. Default 10.\n" in text
     assert "dry_run: NotRequired[bool]  # Default False.\n" in text
-    assert text.startswith("from typing import ") and text.endswith("# 1 of 100 tools\n")
+    assert text.startswith("from typing import ") and text.endswith("\n\n# 1 of 100 tools")
     assert "def jira_create_item(**arguments: Unpack[JiraCreateItemArgs]) -> Any:" in text
 
 

@@ -6,8 +6,10 @@ import asyncio
 import json
 import threading
 
-from mcp_sandbox.backends.guest import ToolChannel
-from mcp_sandbox.protocol import reply_ok
+from mcp_sandbox.backends.guest import Interpreter, ToolChannel
+from mcp_sandbox.protocol import OutputLimits, reply_ok
+
+NO_ARTIFACTS: OutputLimits = {"max_files": 0, "max_bytes": 0, "max_figures": 0}
 
 
 class Host:
@@ -67,3 +69,49 @@ def test_progress_is_a_protocol_message_and_stray_replies_are_ignored() -> None:
     host.channel.progress("50% done")
     host.channel.deliver(99, reply_ok(None))  # no such call: nothing happens
     assert host.sent == [{"type": "progress", "line": "50% done"}]
+
+
+class DescribingHost(Host):
+    """Answers each describe with the query it got, as the bridge answers with stubs."""
+
+    def send(self, payload: str) -> None:
+        message = json.loads(payload)
+        self.sent.append(message)
+        if message["type"] == "describe":
+            reply = reply_ok(f"# stubs for {message['query']!r}, at most {message['limit']}")
+            threading.Timer(0.01, self.channel.deliver, (message["call"], reply)).start()
+
+
+def test_tools_describe_asks_the_host_over_the_channel_and_shows_the_text_as_code() -> None:
+    host = DescribingHost()
+    manifest = [
+        {
+            "server": "calc",
+            "server_py": "calc",
+            "name": "add",
+            "name_py": "add",
+            "params": [],
+            "description": "",
+            "unwrap_result": False,
+            "local": False,
+            "doc": "",
+        }
+    ]
+    session = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}, host.channel)
+    session.install_tools(json.dumps(manifest))
+    outcome = session.run(
+        "print(tools.describe('jira', limit=2))\n"
+        "assert tools.describe(tools.calc.add_async) == tools.describe(tools.calc.add)\n"
+        "tools.describe(tools.calc)"
+    )
+    assert isinstance(outcome, dict) and outcome["success"], outcome
+    assert outcome["stdout"] == "# stubs for 'jira', at most 2\n"
+    assert outcome["result"] == "# stubs for 'calc', at most 5"  # shown as code, not escaped
+    queries = [(m["call"], m["query"]) for m in host.sent if m["type"] == "describe"]
+    assert queries == [(1, "jira"), (2, "tools.calc.add"), (3, "tools.calc.add"), (4, "calc")]
+
+
+def test_tools_describe_without_a_bridge_says_so() -> None:
+    outcome = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}).run("tools.describe('x')")
+    assert isinstance(outcome, dict) and outcome["error_type"] == "ToolError", outcome
+    assert "no upstream MCP servers are configured" in str(outcome["error"])

@@ -64,6 +64,7 @@ TYPES = (
     "FatalMessage",
     "ProgressMessage",
     "ToolCallMessage",
+    "DescribeMessage",
     "RecycledMessage",
     "CheckpointedMessage",
     "RestoredMessage",
