@@ -324,8 +324,12 @@ def _make_tool(spec: dict[str, Any], channel: ToolChannel) -> tuple[Any, Any]:
         )
         for p in ordered
     ]
-    signature = inspect.Signature(parameters)
     upstream_names = {p["py"]: p["name"] for p in ordered}
+    # The schema takes properties it does not list (additionalProperties): they go as given.
+    other: str | None = spec.get("other_keywords")
+    if other is not None:
+        parameters.append(inspect.Parameter(other, inspect.Parameter.VAR_KEYWORD))
+    signature = inspect.Signature(parameters)
     optional = {p["py"] for p in ordered if not p["required"]}
 
     def encode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -336,8 +340,12 @@ def _make_tool(spec: dict[str, Any], channel: ToolChannel) -> tuple[Any, Any]:
                 f"tools.{server}.{tool}{signature}: {error}{_argument_hint(args, kwargs)}"
             ) from None
         arguments = {
-            upstream_names[k]: v for k, v in bound.arguments.items() if not (v is None and k in optional)
+            upstream_names[k]: v
+            for k, v in bound.arguments.items()
+            if k != other and not (v is None and k in optional)
         }
+        if other is not None:
+            arguments |= bound.arguments.get(other, {})
         try:
             return dumps(arguments)
         except (TypeError, ValueError) as error:

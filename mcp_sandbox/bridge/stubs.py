@@ -250,7 +250,8 @@ class StubWriter:
         lines = []
         if spec.name != spec.name_py:
             lines.append(f"# upstream: tool {spec.name!r}")
-        lines.append(f"def {spec.name_py}({parameters}) -> {returns}:")
+        other = "  # takes other keywords too (additionalProperties)" if spec.other_keywords else ""
+        lines.append(f"def {spec.name_py}({parameters}) -> {returns}:{other}")
         lines.append(f"    {_docstring(spec.summary)}")
         return lines
 

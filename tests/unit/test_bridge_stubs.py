@@ -219,3 +219,11 @@ def test_local_tools_take_their_types_from_the_callable() -> None:
 def test_no_match_is_a_comment() -> None:
     text = stubs([], "0 of 3 tools")
     assert defined(text) and text.startswith("# no tool matches")
+
+
+def test_a_tool_that_takes_other_keywords_says_so() -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": True}
+    text = stubs([spec("put", schema)])
+    assert "def put(**arguments: Unpack[PutArgs]) -> Any:  # takes other keywords too" in text and defined(
+        text
+    )

@@ -7,6 +7,7 @@ import json
 import threading
 
 from mcp_sandbox.backends.guest import Interpreter, ToolChannel
+from mcp_sandbox.bridge.catalog import tool_spec
 from mcp_sandbox.protocol import OutputLimits, reply_ok
 
 NO_ARTIFACTS: OutputLimits = {"max_files": 0, "max_bytes": 0, "max_figures": 0}
@@ -115,3 +116,13 @@ def test_tools_describe_without_a_bridge_says_so() -> None:
     outcome = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}).run("tools.describe('x')")
     assert isinstance(outcome, dict) and outcome["error_type"] == "ToolError", outcome
     assert "no upstream MCP servers are configured" in str(outcome["error"])
+
+
+def test_a_tool_whose_schema_takes_other_properties_sends_other_keywords_as_given() -> None:
+    schema = {"type": "object", "properties": {"from": {"type": "string"}}, "additionalProperties": True}
+    host = Host()
+    session = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}, host.channel)
+    session.install_tools(json.dumps([tool_spec("crm", "crm", "put", "put", "Store.", schema).manifest()]))
+    outcome = session.run("tools.crm.put(from_='a', colour='red', **{'x-y': 1})")
+    assert isinstance(outcome, dict) and outcome["success"], outcome
+    assert json.loads(str(host.sent[0]["arguments"])) == {"from": "a", "colour": "red", "x-y": 1}
