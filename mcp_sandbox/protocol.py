@@ -40,6 +40,7 @@ raises KeyboardInterrupt in the running Python code.
 
 from __future__ import annotations
 
+import difflib
 import hmac
 import json
 from typing import Any, Literal, NewType, NotRequired
@@ -111,6 +112,17 @@ def cap_text(text: str, limit: int) -> tuple[str, bool]:
         return text, False
     head, tail = text[:head_limit], text[len(text) - tail_limit :] if tail_limit else ""
     return head + TRUNCATION_MARKER.format(cut=len(text) - len(head) - len(tail)) + tail, True
+
+
+def closest_hint(name: str, names: list[str]) -> str:
+    """A hint naming the few closest of `names` to a misspelt `name` (never all of them: there may
+    be hundreds), worded alike in the guest's errors and the host's check before a run."""
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    if close:
+        return "; did you mean " + " or ".join(repr(n) for n in close) + "?"
+    if len(names) <= 10:
+        return "; it has: " + ", ".join(names)
+    return f"; it has {len(names)} (search_tools finds them by words)"
 
 
 # --- What a run hands back ---

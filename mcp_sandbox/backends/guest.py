@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import difflib
 import inspect
 import io
 import itertools
@@ -47,6 +46,7 @@ from mcp_sandbox.protocol import (
     ProgressMessage,
     ToolCallMessage,
     cap_text,
+    closest_hint,
 )
 
 CELL_PREFIX = "<cell-"
@@ -354,7 +354,7 @@ def _make_tool(spec: dict[str, Any], channel: ToolChannel) -> tuple[Any, Any]:
     def _argument_hint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         known = list(signature.parameters)
         unknown = [name for name in kwargs if name not in signature.parameters]
-        hints = [f"{name!r} is not one of its arguments{_closest(name, known)}" for name in unknown]
+        hints = [f"{name!r} is not one of its arguments{closest_hint(name, known)}" for name in unknown]
         given = set(known[: len(args)]) | set(kwargs)
         missing = [p for p in ordered if p["required"] and p["py"] not in given]
         hints += [f"{p['py']!r} ({p['annotation']}) is required" for p in missing]
@@ -389,7 +389,7 @@ class ServerTools:
     def __getattr__(self, name: str) -> Any:
         twins = name.endswith("_async")
         tools = [n for n in vars(self) if not n.startswith("_") and n.endswith("_async") == twins]
-        raise AttributeError(f"the {self._server} server has no tool {name!r}{_closest(name, tools)}")
+        raise AttributeError(f"the {self._server} server has no tool {name!r}{closest_hint(name, tools)}")
 
 
 class StubText(str):
@@ -438,17 +438,7 @@ class Tools:
         servers = [k for k, v in vars(self).items() if isinstance(v, ServerTools)]
         if not servers:
             raise AttributeError(f"there is no upstream MCP server {name!r}; none is configured")
-        raise AttributeError(f"there is no upstream MCP server {name!r}{_closest(name, servers)}")
-
-
-def _closest(name: str, names: list[str]) -> str:
-    """A hint naming the few closest of `names` (never all of them: there may be hundreds)."""
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-    if close:
-        return "; did you mean " + " or ".join(repr(n) for n in close) + "?"
-    if len(names) <= 10:
-        return "; it has: " + ", ".join(names)
-    return f"; it has {len(names)} (search_tools finds them by words)"
+        raise AttributeError(f"there is no upstream MCP server {name!r}{closest_hint(name, servers)}")
 
 
 def build_tools(manifest: list[dict[str, Any]], channel: ToolChannel | None) -> Tools:
