@@ -155,8 +155,8 @@ def describe_bridge(app: App) -> str:
     return (
         " Call other MCP servers' tools as functions, `tools.<server>.<tool>(**arguments)`"
         f"{app.bridge.summary()}, found by search_tools; results come back as data (structured, or "
-        "JSON text parsed), failures raise ToolError, and `_async` twins with asyncio.gather run calls "
-        "at once. Prefer one program that calls many tools."
+        "JSON text parsed), failures raise ToolError, misspelt names are refused before running, and "
+        "`_async` twins with asyncio.gather run calls at once. Prefer one program that calls many tools."
     )
 
 
@@ -270,7 +270,7 @@ def build_server(app: App) -> MCPServer:
         limit: Annotated[int, Field(ge=1, le=100)] = 5,
         detail: Annotated[
             SearchDetail,
-            Field(description="full: the whole description and the schemas; stub: Python stubs."),
+            Field(description="full: description and schemas; stub: Python stubs."),
         ] = "brief",
     ) -> CallToolResult:
         """Find the MCP tools code in execute_python can call, best match first: their Python

@@ -25,6 +25,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
 
 from mcp_sandbox.bridge.catalog import LOCAL_SERVER, SearchIndex, ToolSpec, python_name, tool_spec
+from mcp_sandbox.bridge.check import Catalog, WrongCall, wrong_tool_calls
 from mcp_sandbox.bridge.config import BridgeConfig, StdioUpstream, Upstream
 from mcp_sandbox.bridge.local import LocalTools
 from mcp_sandbox.bridge.stubs import stubs
@@ -309,6 +310,12 @@ class ToolBridge:
 
     def search(self, query: str, limit: int) -> list[ToolSpec]:
         return self._index.search(query, limit)
+
+    def wrong_calls(self, code: str) -> list[WrongCall]:
+        """The calls in `code` that name a server, tool or keyword the catalog does not have; a
+        server whose tools are not listed yet (still connecting) is not judged."""
+        unlisted = frozenset(conn.name_py for conn in self.connections.values() if not conn.specs)
+        return wrong_tool_calls(code, Catalog(self._specs, unlisted))
 
     def named(self, name: str) -> list[ToolSpec]:
         """The tools `name` names: every tool of a server (`jira`), or a tool (`jira_create_item`,

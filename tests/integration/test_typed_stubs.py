@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from mcp_sandbox import Sandbox
 from tests.integration.conftest import call, server_params
 
 pytestmark = pytest.mark.anyio
@@ -84,3 +85,58 @@ async def test_describe_in_the_sandbox_gives_the_same_stubs(client: Client) -> N
     assert arguments_of(one["result"], "JiraCreateItemArgs")[0] == "query"
     server = await call(client, "stub = tools.describe('many')\nstub.count('def '), stub.splitlines()[-1]")
     assert server["result"] == "(100, '# 100 of 100 tools')", server
+
+
+async def test_a_misspelt_keyword_is_refused_before_anything_runs(client: Client, call_log: Path) -> None:
+    made = await call(client, "tools.many.jira_get_item(query='the log works')['query']")
+    assert made["result"] == "'the log works'" and upstream_calls(call_log)[-1]["query"] == "the log works"
+    before = len(upstream_calls(call_log))
+    await call(client, "x = 1", session_id="refused")
+    code = (
+        "x = 2\n"
+        "print('started')\n"
+        "tools.many.jira_get_item(query='first')\n"
+        "tools.many.jira_create_item(qeury='second', limit=3)\n"
+    )
+    refused = await call(client, code, session_id="refused")
+    assert (refused["success"], refused["error_type"], refused["stdout"]) == (False, "Rejected", ""), refused
+    error = refused["error"]
+    assert error.startswith("Nothing ran: checked before running, a tool call names"), error
+    assert "line 4: tools.many.jira_create_item(...): 'qeury' is not one of its arguments" in error
+    assert "did you mean 'query'?" in error and "signature: tools.many.jira_create_item(query: str" in error
+    assert len(upstream_calls(call_log)) == before, "the upstream got a call"
+    kept = await call(client, "x", session_id="refused")
+    assert kept["result"] == "1", "the refused program ran in the session"
+
+
+async def test_a_misspelt_server_or_tool_is_refused_and_dynamic_calls_are_not(client: Client) -> None:
+    refused = await call(
+        client, "tools.mnay.jira_get_item(query='x')\ntools.many.jira_craete_item(query='x')"
+    )
+    assert refused["error_type"] == "Rejected", refused
+    assert "there is no upstream MCP server 'mnay'; did you mean 'many'?" in refused["error"]
+    assert "has no tool 'jira_craete_item'; did you mean 'jira_create_item'" in refused["error"]
+    # A name computed at run time cannot be checked before: the guest refuses it when it is called.
+    dynamic = await call(
+        client, "print('ran')\nname = 'jira_craete_item'\ngetattr(tools.many, name)(query='x')"
+    )
+    assert (dynamic["error_type"], dynamic["stdout"]) == ("AttributeError", "ran\n"), dynamic
+
+
+async def test_the_python_api_refuses_a_misspelt_call_too(anyio_backend: str) -> None:
+    called: list[str] = []
+
+    def search(query: str, limit: int = 3) -> list[str]:
+        called.append(query)
+        return [query] * limit
+
+    async with Sandbox(backend="inprocess", pool_size=0, tools={"search": search}) as sandbox:
+        refused = await sandbox.run("print('started')\ntools.local.search(qurey='x')")
+        assert (refused.error_type, refused.stdout) == ("Rejected", ""), refused
+        assert (
+            refused.error is not None
+            and "'qurey' is not one of its arguments; did you mean 'query'?" in refused.error
+        )
+        assert called == []
+        made = await sandbox.run("tools.local.search(query='x', limit=1)")
+        assert made.result == "['x']" and called == ["x"]

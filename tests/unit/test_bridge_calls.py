@@ -11,6 +11,7 @@ import pytest
 
 from mcp_sandbox.backends.base import ToolCalls
 from mcp_sandbox.bridge.catalog import ToolSpec, tool_spec
+from mcp_sandbox.bridge.check import WrongCall, wrong_calls_message
 from mcp_sandbox.bridge.config import BridgeConfig, StdioUpstream
 from mcp_sandbox.bridge.upstreams import ToolBridge
 from tests.upstreams.many_server import build
@@ -87,3 +88,97 @@ async def test_describes_count_as_calls_and_are_answered_like_them() -> None:
         "ok": False,
         "error": "this execution made more than 2 tool calls (MCP_SANDBOX_BRIDGE_MAX_CALLS)",
     }
+
+
+def wrong(code: str, specs: list[ToolSpec] | None = None) -> list[WrongCall]:
+    return bridge_of(specs if specs is not None else many_specs(100)).wrong_calls(code)
+
+
+SIGNATURE = (
+    "tools.many.jira_create_item(query: str, limit: int = None, cursor: str = None, fields: list = None, "
+    "dry_run: bool = None)"
+)
+
+
+def test_a_misspelt_keyword_is_named_with_the_closest_and_the_signature() -> None:
+    (call,) = wrong("print('first')\nresult = tools.many.jira_create_item(qeury='x', limit=3)")
+    assert call.line == 2 and call.call == "tools.many.jira_create_item(...)"
+    assert call.problem == (
+        "'qeury' is not one of its arguments; did you mean 'query'?; 'query' (str) is required"
+    )
+    assert call.signature == SIGNATURE
+    (twin,) = wrong("await tools.many.jira_create_item_async('x', limt=3)")  # positional `query`
+    assert twin.problem == "'limt' is not one of its arguments; did you mean 'limit'?"
+
+
+def test_a_server_or_tool_that_does_not_exist_is_named_with_the_closest() -> None:
+    server, tool, twin = wrong(
+        "tools.mnay.jira_get_item(query='x')\n"
+        "tools.many.jira_craete_item(query='x')\n"
+        "import asyncio\n"
+        "asyncio.run(asyncio.gather(*[tools.many.jira_craete_item_async(query=q) for q in 'ab']))"
+    )
+    assert server.problem == "there is no upstream MCP server 'mnay'; did you mean 'many'?"
+    assert server.signature is not None and server.signature.startswith("tools.many.jira_get_item(query: str")
+    assert tool.problem.startswith(
+        "the many server has no tool 'jira_craete_item'; did you mean 'jira_create_item'"
+    )
+    assert tool.signature == SIGNATURE
+    assert (twin.line, twin.problem.split(";")[1]) == (
+        4,
+        " did you mean 'jira_create_item_async' or 'jira_get_item_async' or 'jira_update_item_async'?",
+    )
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "tools.many.jira_create_item(query='x', limit=3, dry_run=True)",  # right
+        "tools.many.jira_create_item('x', 3)",  # positional
+        "arguments = {'qeury': 'x'}\ntools.many.jira_create_item(**arguments)",  # not literal
+        "getattr(tools.many, 'jira_craete_item')(query='x')",  # a computed name
+        "create = tools.many.jira_create_item\ncreate(qeury='x')",  # not the tools.<server>.<tool> form
+        "tools = Mock()\ntools.many.jira_create_item(qeury='x')",  # `tools` is not the bridge's
+        "def run(tools):\n    tools.mnay.x(a=1)",
+        "from unittest import mock as tools\ntools.many.jira_create_item(qeury='x')",
+        "for tools in [mock]:\n    tools.many.x(a=1)",
+        "tools.many.jira_create_item = print\ntools.many.jira_create_item(qeury='x')",
+        "globals()['tools'] = mock\ntools.many.x(a=1)",
+        "exec('tools = mock')\ntools.many.x(a=1)",
+        "tools.many.jira_create_item(qeury='x'",  # does not parse: the sandbox says so
+        "tools.slow.anything(a=1)",  # a server whose tools are not listed yet
+        "client.many.jira_create_item(qeury='x')",  # not `tools`
+    ],
+)
+def test_what_cannot_be_known_statically_is_not_refused(code: str) -> None:
+    slow = tool_spec("slow", "slow", "placeholder", "placeholder", None, {})
+    bridge = bridge_of([*many_specs(100), slow])
+    bridge.connections["slow"].specs = []  # connecting: nothing listed yet
+    bridge._changed()
+    assert bridge.wrong_calls(code) == [], code
+
+
+def test_a_tool_whose_schema_takes_other_properties_takes_any_keyword() -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": True}
+    open_tool = tool_spec("crm", "crm", "put", "put", None, schema)
+    closed_tool = tool_spec("crm", "crm", "get", "get", None, {**schema, "additionalProperties": False})
+    found = wrong(
+        "tools.crm.put(name='a', colour='red')\ntools.crm.get(name='a', colour='red')",
+        [open_tool, closed_tool],
+    )
+    assert [(call.line, call.problem) for call in found] == [
+        (2, "'colour' is not one of its arguments; it has: name")
+    ]
+
+
+def test_the_refusal_says_nothing_ran_and_names_at_most_ten() -> None:
+    code = "\n".join(f"tools.many.jira_get_item(query='x', page{n}=1)" for n in range(12))
+    message = wrong_calls_message(wrong(code))
+    lines = message.splitlines()
+    assert lines[0] == (
+        "Nothing ran: checked before running, 12 tool calls name a server, tool or argument "
+        "that does not exist."
+    )
+    assert lines[1].startswith("line 1: tools.many.jira_get_item(...): 'page0' is not one of its arguments")
+    assert lines[2].startswith("    signature: tools.many.jira_get_item(query: str")
+    assert lines[-1] == "... and 2 more" and len(lines) == 1 + 10 * 2 + 1
