@@ -269,6 +269,7 @@ class _Field:
         schema = self.schema if isinstance(self.schema, dict) else {}
         text = schema.get("description")
         parts = [first_sentence(text, MAX_COMMENT_CHARS)] if isinstance(text, str) and text.strip() else []
+        parts = ["".join(c if c.isprintable() else " " for c in part) for part in parts]  # a NUL ends a parse
         if isinstance(schema.get("format"), str):
             parts.append(f"Format {schema['format']}.")
         if "default" in schema and schema["default"] is not None:
@@ -283,7 +284,7 @@ def _literal_value(value: Any) -> bool:
 
 
 def _docstring(text: str) -> str:
-    if '"""' in text or "\\" in text or text.endswith('"'):
+    if '"""' in text or "\\" in text or text.endswith('"') or not text.isprintable():
         return json.dumps(text, ensure_ascii=False)  # still a string literal, so still a docstring
     return f'"""{text}"""'
 

@@ -198,9 +198,12 @@ def test_result_shapes_and_tools_without_arguments() -> None:
 def test_same_tool_names_on_two_servers_and_awkward_descriptions() -> None:
     first = tool_spec("a", "a", "search", "search", 'Say """hi""" \\ there.', {"properties": {"q": {}}})
     second = tool_spec("b", "b", "search", "search", 'Ends with a quote "', {"properties": {"q": {}}})
-    names = defined(stubs([first, second]))
+    control = {"properties": {"q": {"description": "A NUL\x00 here."}}}  # a NUL in source fails a parse
+    third = tool_spec("c", "c", "find", "find", "Bell\x07.", control)
+    names = defined(stubs([first, second, third]))
     assert names["tools"].a.search.__doc__ == 'Say """hi""" \\ there.'
     assert names["tools"].b.search.__doc__ == 'Ends with a quote "'
+    assert names["tools"].c.find.__doc__ == "Bell\x07."
     renamed = names["SearchArgs2"]  # the second `search` on another server
     assert names["tools"].b.search.__annotations__["arguments"] == Unpack[renamed]
 
