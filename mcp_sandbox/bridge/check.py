@@ -63,6 +63,8 @@ class Catalog:
 def wrong_tool_calls(code: str, catalog: Catalog) -> list[WrongCall]:
     """The calls in `code` that name a server, a tool or a keyword the catalog does not have, in
     the order they appear. Code that does not parse has none (the sandbox reports its SyntaxError)."""
+    if "tools" not in code:
+        return []  # most programs: no parse needed
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
