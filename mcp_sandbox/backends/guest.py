@@ -425,6 +425,8 @@ class Tools:
             query = f"{query.__module__}.{name}"
         if not isinstance(query, str):
             raise TypeError(f"tools.describe() takes a name or words, not {type(query).__name__}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"tools.describe() limit must be a positive int, not {limit!r}")
         channel = self.__channel
         if channel is None:
             raise ToolError("no upstream MCP servers are configured")

@@ -112,6 +112,16 @@ def test_tools_describe_asks_the_host_over_the_channel_and_shows_the_text_as_cod
     assert queries == [(1, "jira"), (2, "tools.calc.add"), (3, "tools.calc.add"), (4, "calc")]
 
 
+def test_tools_describe_refuses_what_it_cannot_send() -> None:
+    session = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}, DescribingHost().channel)
+    for code, error_type in [
+        ("tools.describe(42)", "TypeError"),
+        ("tools.describe('x', limit='5')", "ValueError"),
+    ]:
+        outcome = session.run(code)
+        assert isinstance(outcome, dict) and outcome["error_type"] == error_type, outcome
+
+
 def test_tools_describe_without_a_bridge_says_so() -> None:
     outcome = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}).run("tools.describe('x')")
     assert isinstance(outcome, dict) and outcome["error_type"] == "ToolError", outcome
