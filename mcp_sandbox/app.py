@@ -22,6 +22,7 @@ from mcp_sandbox.backends.base import Backend, ExecutorHooks, SandboxStartError
 from mcp_sandbox.backends.inprocess import InProcessBackend
 from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno
 from mcp_sandbox.backends.subprocess import SubprocessBackend
+from mcp_sandbox.bridge.check import wrong_calls_message
 from mcp_sandbox.bridge.config import BridgeConfig, load_bridge_config
 from mcp_sandbox.bridge.local import LocalTools
 from mcp_sandbox.bridge.upstreams import ToolBridge
@@ -197,7 +198,7 @@ class App:
         """
         settings = self.settings
         check_request(settings, code, session_id, timeout)
-        if settings.policy == "strict" and (reason := policy_violation(code)) is not None:
+        if (reason := self.refusal(code)) is not None:
             rejected = ExecutionResult.failure("Rejected", reason, backend=self.backend.name)
             result = rejected.model_copy(update={"session_id": session_id})
         else:
@@ -209,6 +210,15 @@ class App:
             await anyio.to_thread.run_sync(result.save_files, settings.output_dir)
         await self.record.add(code, result)
         return result
+
+    def refusal(self, code: str) -> str | None:
+        """Why `code` is refused before it runs, or None: the strict policy, when it is on, and
+        tool calls the catalog says cannot work (a misspelt server, tool or keyword)."""
+        if self.settings.policy == "strict" and (reason := policy_violation(code)) is not None:
+            return reason
+        if self.bridge is not None and (wrong := self.bridge.wrong_calls(code)):
+            return wrong_calls_message(wrong)
+        return None
 
     async def reset_session(self, session_id: str) -> bool:
         """Drop a session and stop its sandbox; False when there was none. Raises InvalidRequest."""

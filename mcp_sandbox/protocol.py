@@ -18,7 +18,8 @@ security table says.) Closing the runner's stdin asks it to exit.
     interrupt    stop run ``id``            crashed    the runtime failed during run ``id``
     jit_warm_up  spend idle time on the JIT fatal      the runner cannot go on
     tool_result  answer tool_call ``call``  progress   the latest line the program printed
-                                            tool_call  code calls tools.<server>.<tool>
+                 (or describe ``call``)     tool_call  code calls tools.<server>.<tool>
+                                            describe   code calls tools.describe(...)
 
 Runner <-> worker (Pyodide only). The Deno runner's main thread (runner.ts) owns stdin/stdout
 and hosts Pyodide in a less-permitted Worker (worker.ts). Main -> worker: ``WorkerInit``,
@@ -39,6 +40,7 @@ raises KeyboardInterrupt in the running Python code.
 
 from __future__ import annotations
 
+import difflib
 import hmac
 import json
 from typing import Any, Literal, NewType, NotRequired
@@ -112,6 +114,17 @@ def cap_text(text: str, limit: int) -> tuple[str, bool]:
         return text, False
     head, tail = text[:head_limit], text[len(text) - tail_limit :] if tail_limit else ""
     return head + TRUNCATION_MARKER.format(cut=len(text) - len(head) - len(tail)) + tail, True
+
+
+def closest_hint(name: str, names: list[str]) -> str:
+    """A hint naming the few closest of `names` to a misspelt `name` (never all of them: there may
+    be hundreds), worded alike in the guest's errors and the host's check before a run."""
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    if close:
+        return "; did you mean " + " or ".join(repr(n) for n in close) + "?"
+    if len(names) <= 10:
+        return "; it has: " + ", ".join(names)
+    return f"; it has {len(names)} (search_tools finds them by words)"
 
 
 # --- What a run hands back ---
@@ -363,6 +376,17 @@ class ToolCallMessage(TypedDict):
     arguments: str
 
 
+class DescribeMessage(TypedDict):
+    """Sandboxed code calls tools.describe(``query``): the Python stubs of the tools it names (a
+    server, a tool, or words to search for, the best ``limit``). Numbered with the tool calls,
+    counted with them, and answered the same way: a tool_result whose value is the stub text."""
+
+    type: Literal["describe"]
+    call: int
+    query: str
+    limit: int
+
+
 class RecycledMessage(TypedDict):
     """The answer to recycle ``id``: ``clean``, or why the sandbox cannot be recycled (``reason``;
     the host then replaces it). ``ms``: what the reset took."""
@@ -405,6 +429,7 @@ RunnerMessage = (
     | FatalMessage
     | ProgressMessage
     | ToolCallMessage
+    | DescribeMessage
     | RecycledMessage
     | CheckpointedMessage
     | RestoredMessage
@@ -557,7 +582,7 @@ class WorkerPost(TypedDict):
 
 
 #: Runner messages a worker may post between results; anything else without a run id is dropped.
-PASSING_KINDS = ("progress", "tool_call", "ready", "fatal")
+PASSING_KINDS = ("progress", "tool_call", "describe", "ready", "fatal")
 
 
 # pydantic, validating on the host, refuses a field the protocol does not name: a runner and a

@@ -26,7 +26,8 @@ from pydantic import BaseModel, Field
 
 from mcp_sandbox import __version__
 from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App, InvalidRequest
-from mcp_sandbox.bridge.catalog import ToolSpec
+from mcp_sandbox.bridge.catalog import NO_MATCH, ToolSpec
+from mcp_sandbox.bridge.stubs import stubs
 from mcp_sandbox.kept import URI_TEMPLATE, KeptOutputMissing, line_number
 from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.result import ExecutionResult
@@ -76,11 +77,23 @@ def found_tool(spec: ToolSpec, full: bool) -> dict[str, Any]:
     return found
 
 
-def search_answer(specs: list[ToolSpec], total: int, full: bool) -> CallToolResult:
-    """A search_tools answer: for the agent, one line per tool (signature  # first sentence), or
-    the full entries as JSON; for programs, the same as structured content."""
-    found = [found_tool(spec, full) for spec in specs]
-    if full:
+#: How much search_tools says of each tool: a line, everything, or Python stubs.
+SearchDetail = Literal["brief", "full", "stub"]
+
+
+def search_answer(specs: list[ToolSpec], total: int, detail: SearchDetail = "brief") -> CallToolResult:
+    """A search_tools answer: for the agent, one line per tool (signature  # first sentence), the
+    full entries as JSON, or Python stubs (valid Python: the count is a comment); for programs,
+    the same as structured content."""
+    found = [found_tool(spec, detail == "full") for spec in specs]
+    count = f"{len(found)} of {total} tools"
+    if detail == "stub":
+        text = stubs(specs, count)
+        return CallToolResult(
+            content=[TextContent(type="text", text=text)],
+            structured_content={"tools": found, "total": total, "stubs": text},
+        )
+    if detail == "full":
         text = json.dumps(found, separators=(",", ":"), ensure_ascii=False)
     else:
         text = "\n".join(
@@ -89,8 +102,8 @@ def search_answer(specs: list[ToolSpec], total: int, full: bool) -> CallToolResu
             for hit in found
         )
     if not found:
-        text = "no tool matches; try other words, or an empty query to list them"
-    text += f"\n({len(found)} of {total} tools)"
+        text = NO_MATCH
+    text += f"\n({count})"
     return CallToolResult(
         content=[TextContent(type="text", text=text)], structured_content={"tools": found, "total": total}
     )
@@ -157,9 +170,10 @@ def describe_bridge(app: App) -> str:
         return ""
     return (
         f" Call other MCP servers' tools as `tools.<server>.<tool>(**arguments)`{app.bridge.summary()}, "
-        "found with search_tools. Results are data: structured, parsed JSON text, or objects with .data, "
-        ".mime_type, .uri for images and resources. Failures raise ToolError; `_async` twins run calls "
-        "at once with asyncio.gather. Prefer one program calling many tools."
+        "found with search_tools; misspelt names are refused before running. Results are data: "
+        "structured, parsed JSON text, or objects with .data, .mime_type, .uri for images and resources. "
+        "Failures raise ToolError; `_async` twins run calls at once with asyncio.gather. Prefer one "
+        "program calling many tools."
     )
 
 
@@ -274,13 +288,14 @@ def build_server(app: App) -> MCPServer:
         query: Annotated[str, Field(max_length=500, description="Words describing the tool.")],
         limit: Annotated[int, Field(ge=1, le=100)] = 5,
         detail: Annotated[
-            Literal["brief", "full"], Field(description="full: the whole description and the schemas.")
+            SearchDetail,
+            Field(description="full: description and schemas; stub: Python stubs."),
         ] = "brief",
     ) -> CallToolResult:
         # Its description is set in add_tool: a docstring's indentation would cost tokens in every listing.
         if app.bridge is None:
-            return search_answer([], 0, False)
-        return search_answer(app.bridge.search(query, limit), len(app.bridge.specs), detail == "full")
+            return search_answer([], 0, detail)
+        return search_answer(app.bridge.search(query, limit), len(app.bridge.specs), detail)
 
     @server.resource(
         URI_TEMPLATE,

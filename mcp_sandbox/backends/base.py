@@ -3,6 +3,7 @@ every backend shares, and the bridged tool calls of one run."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -15,7 +16,15 @@ from typing import Any, ClassVar, Protocol
 import anyio
 import anyio.abc
 
-from mcp_sandbox.protocol import DATA_DIR, OUTPUT_DIR, GuestFile, GuestLimits, GuestOutcome, reply_error
+from mcp_sandbox.protocol import (
+    DATA_DIR,
+    OUTPUT_DIR,
+    GuestFile,
+    GuestLimits,
+    GuestOutcome,
+    reply_error,
+    reply_ok,
+)
 from mcp_sandbox.result import ExecutionResult, SandboxErrorType, decode_base64
 from mcp_sandbox.settings import Settings
 
@@ -75,6 +84,10 @@ class ToolHost(Protocol):
         """One call's reply (a ToolReply as JSON text); never raises except on cancellation."""
         ...
 
+    def describe(self, query: str, limit: int) -> str:
+        """The Python stubs of the tools `query` names (tools.describe in the sandbox)."""
+        ...
+
 
 #: Receives each line a running program prints (at most twice a second), with its executor.
 ProgressHook = Callable[["Executor", str], None]
@@ -109,8 +122,8 @@ class Checkpoint:
 
 
 class ToolCalls:
-    """The bridged calls of one run: each in its own task, within the per-run limit;
-    `cancel_all` ends the pending ones when the run ends, and each still gets a reply."""
+    """The bridged calls of one run (tool calls and describes): each in its own task, within the
+    per-run limit; `cancel_all` ends the pending ones when the run ends, and each still gets a reply."""
 
     def __init__(self, tools: ToolHost | None, task_group: anyio.abc.TaskGroup, max_calls: int) -> None:
         self._tools = tools
@@ -121,13 +134,29 @@ class ToolCalls:
         self.count = 0
 
     def start(self, call: int, server: str, tool: str, arguments: str, deliver: Deliver) -> None:
-        self.count += 1
-        over_limit = self.count > self._max_calls
-        self._task_group.start_soon(self._serve, call, server, tool, arguments, deliver, over_limit)
+        self._begin(call, functools.partial(self._tool_reply, server, tool, arguments), deliver)
 
-    async def _serve(
-        self, call: int, server: str, tool: str, arguments: str, deliver: Deliver, over_limit: bool
-    ) -> None:
+    def start_describe(self, call: int, query: str, limit: int, deliver: Deliver) -> None:
+        self._begin(call, functools.partial(self._describe_reply, query, limit), deliver)
+
+    def _begin(self, call: int, reply: Callable[[], Awaitable[str]], deliver: Deliver) -> None:
+        self.count += 1
+        refusal = self._refusal()
+        if refusal is not None:
+            reply = functools.partial(_constant, refusal)
+        self._task_group.start_soon(self._serve, call, reply, deliver)
+
+    def _refusal(self) -> str | None:
+        """Why the call just counted is answered with an error without being made, or None."""
+        if self._tools is None or not self._tools.has_tools:
+            return reply_error("no upstream MCP servers are configured (MCP_SANDBOX_BRIDGE_CONFIG)")
+        if self.count > self._max_calls:
+            return reply_error(
+                f"this execution made more than {self._max_calls} tool calls (MCP_SANDBOX_BRIDGE_MAX_CALLS)"
+            )
+        return None
+
+    async def _serve(self, call: int, make_reply: Callable[[], Awaitable[str]], deliver: Deliver) -> None:
         reply = reply_error("the execution ended (finished or timed out) before this tool call returned")
         # A call that arrives after the run ended (it crossed the interrupt) is answered, not made.
         scope = anyio.CancelScope()
@@ -135,7 +164,7 @@ class ToolCalls:
             scope.cancel()
         self._scopes.add(scope)
         with scope:
-            reply = await self._reply(server, tool, arguments, over_limit)
+            reply = await make_reply()
         self._scopes.discard(scope)
         with anyio.move_on_after(DELIVER_LIMIT, shield=True):
             try:
@@ -143,23 +172,26 @@ class ToolCalls:
             except Exception as error:  # noqa: BLE001 - the sandbox died; its run reports that
                 logger.debug("could not deliver tool reply %d: %s", call, error)
 
-    async def _reply(self, server: str, tool: str, arguments: str, over_limit: bool) -> str:
-        if self._tools is None or not self._tools.has_tools:
-            return reply_error("no upstream MCP servers are configured (MCP_SANDBOX_BRIDGE_CONFIG)")
-        if over_limit:
-            return reply_error(
-                f"this execution made more than {self._max_calls} tool calls (MCP_SANDBOX_BRIDGE_MAX_CALLS)"
-            )
+    async def _tool_reply(self, server: str, tool: str, arguments: str) -> str:
+        assert self._tools is not None, "refused before"
         try:
             decoded = json.loads(arguments)
         except (TypeError, ValueError):
             return reply_error("the tool call's arguments were not JSON")
         return await self._tools.call(str(server), str(tool), decoded)
 
+    async def _describe_reply(self, query: str, limit: int) -> str:
+        assert self._tools is not None, "refused before"
+        return reply_ok(self._tools.describe(str(query), max(1, int(limit))))
+
     def cancel_all(self) -> None:
         self._ended = True
         for scope in self._scopes:
             scope.cancel()
+
+
+async def _constant(reply: str) -> str:
+    return reply
 
 
 class Executor(ABC):
@@ -169,7 +201,8 @@ class Executor(ABC):
     everywhere: at the deadline the program is interrupted, and if it has not stopped after the
     grace period the sandbox is killed. Backends implement `_submit`, `_await_outcome`,
     `interrupt`, `close` and `alive`; while `_await_outcome` waits, they hand the program's
-    bridged tool calls to `_start_tool_call` and its output lines to `hooks.progress`.
+    bridged tool calls to `_start_tool_call` (a tools.describe to `_start_describe`) and its output
+    lines to `hooks.progress`.
     """
 
     backend: ClassVar[str]
@@ -230,6 +263,11 @@ class Executor(ABC):
         if self._tool_calls is None:
             raise RuntimeError("no execution is running")
         self._tool_calls.start(call, server, tool, arguments, deliver)
+
+    def _start_describe(self, call: int, query: str, limit: int, deliver: Deliver) -> None:
+        if self._tool_calls is None:
+            raise RuntimeError("no execution is running")
+        self._tool_calls.start_describe(call, query, limit, deliver)
 
     async def run(self, code: str, timeout: float) -> ExecutionResult:
         tools = self.hooks.tools

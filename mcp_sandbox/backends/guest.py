@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import difflib
 import inspect
 import io
 import itertools
@@ -39,6 +38,7 @@ from mcp_sandbox.protocol import (
     OUTPUT_DIR,
     PROGRESS_EVERY_S,
     TRUNCATION_MARKER,
+    DescribeMessage,
     GuestFile,
     GuestLimits,
     GuestOutcome,
@@ -48,6 +48,7 @@ from mcp_sandbox.protocol import (
     ToolCallMessage,
     ToolContentItem,
     cap_text,
+    closest_hint,
 )
 
 CELL_PREFIX = "<cell-"
@@ -270,7 +271,16 @@ class ToolChannel:
         return call, dumps(message)
 
     def call_sync(self, server: str, tool: str, arguments: str) -> str:
-        call, message = self._request(server, tool, arguments)
+        return self._exchange(*self._request(server, tool, arguments))
+
+    def describe(self, query: str, limit: int) -> str:
+        """The host's stubs of the tools `query` names, as a ToolReply (JSON text)."""
+        call = next(self._numbers)
+        message: DescribeMessage = {"type": "describe", "call": call, "query": query, "limit": limit}
+        return self._exchange(call, dumps(message))
+
+    def _exchange(self, call: int, message: str) -> str:
+        """Send `message` (request number `call`) and wait for the host's reply."""
         if self._block is not None:
             return self._block(call, message)
         replies: list[str] = []
@@ -360,8 +370,12 @@ def _make_tool(spec: dict[str, Any], channel: ToolChannel) -> tuple[Any, Any]:
         )
         for p in ordered
     ]
-    signature = inspect.Signature(parameters)
     upstream_names = {p["py"]: p["name"] for p in ordered}
+    # The schema takes properties it does not list (additionalProperties): they go as given.
+    other: str | None = spec.get("other_keywords")
+    if other is not None:
+        parameters.append(inspect.Parameter(other, inspect.Parameter.VAR_KEYWORD))
+    signature = inspect.Signature(parameters)
     optional = {p["py"] for p in ordered if not p["required"]}
 
     def encode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -372,8 +386,12 @@ def _make_tool(spec: dict[str, Any], channel: ToolChannel) -> tuple[Any, Any]:
                 f"tools.{server}.{tool}{signature}: {error}{_argument_hint(args, kwargs)}"
             ) from None
         arguments = {
-            upstream_names[k]: v for k, v in bound.arguments.items() if not (v is None and k in optional)
+            upstream_names[k]: v
+            for k, v in bound.arguments.items()
+            if k != other and not (v is None and k in optional)
         }
+        if other is not None:
+            arguments |= bound.arguments.get(other, {})
         try:
             return dumps(arguments)
         except (TypeError, ValueError) as error:
@@ -382,7 +400,7 @@ def _make_tool(spec: dict[str, Any], channel: ToolChannel) -> tuple[Any, Any]:
     def _argument_hint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         known = list(signature.parameters)
         unknown = [name for name in kwargs if name not in signature.parameters]
-        hints = [f"{name!r} is not one of its arguments{_closest(name, known)}" for name in unknown]
+        hints = [f"{name!r} is not one of its arguments{closest_hint(name, known)}" for name in unknown]
         given = set(known[: len(args)]) | set(kwargs)
         missing = [p for p in ordered if p["required"] and p["py"] not in given]
         hints += [f"{p['py']!r} ({p['annotation']}) is required" for p in missing]
@@ -417,19 +435,49 @@ class ServerTools:
     def __getattr__(self, name: str) -> Any:
         twins = name.endswith("_async")
         tools = [n for n in vars(self) if not n.startswith("_") and n.endswith("_async") == twins]
-        raise AttributeError(f"the {self._server} server has no tool {name!r}{_closest(name, tools)}")
+        raise AttributeError(f"the {self._server} server has no tool {name!r}{closest_hint(name, tools)}")
+
+
+class StubText(str):
+    """Python stubs, shown as the code they are (a REPL's last line shows them unescaped)."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 class Tools:
     """The upstream MCP servers' tools: call ``tools.<server>.<tool>(**arguments)``, or
     ``await tools.<server>.<tool>_async(...)`` to run several at once with asyncio.gather.
-    ``help(tools.<server>.<tool>)`` shows a tool's parameters; failures raise ToolError."""
+    ``help(tools.<server>.<tool>)`` shows a tool's parameters, ``tools.describe("words")`` Python
+    stubs of the tools they name; failures raise ToolError."""
 
     ToolError = ToolError
     ToolContent = ToolContent
 
-    def __init__(self, servers: dict[str, ServerTools]) -> None:
+    def __init__(self, servers: dict[str, ServerTools], channel: ToolChannel | None = None) -> None:
         self.__dict__.update(servers)
+        self.__channel = channel  # mangled: no server name can clash with it
+
+    def describe(self, query: Any = "", limit: int = 5) -> StubText:
+        """Python stubs (TypedDicts of the arguments and results, and the signatures) of the tools
+        ``query`` names: a server (all its tools), a tool (``"jira_create_item"``,
+        ``"jira.jira_create_item"``, or the function itself), else the best ``limit`` matches of its
+        words. The same text as search_tools(detail="stub"); print it."""
+        if isinstance(query, ServerTools):
+            query = query._server
+        elif callable(query) and str(getattr(query, "__module__", "")).startswith("tools."):
+            name = query.__name__
+            if inspect.iscoroutinefunction(query):  # the async twin describes its tool
+                name = name.removesuffix("_async")
+            query = f"{query.__module__}.{name}"
+        if not isinstance(query, str):
+            raise TypeError(f"tools.describe() takes a name or words, not {type(query).__name__}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"tools.describe() limit must be a positive int, not {limit!r}")
+        channel = self.__channel
+        if channel is None:
+            raise ToolError("no upstream MCP servers are configured")
+        return StubText(_unpack(channel.describe(query, limit)))
 
     def __repr__(self) -> str:
         servers = [repr(v) for k, v in vars(self).items() if isinstance(v, ServerTools)]
@@ -439,17 +487,7 @@ class Tools:
         servers = [k for k, v in vars(self).items() if isinstance(v, ServerTools)]
         if not servers:
             raise AttributeError(f"there is no upstream MCP server {name!r}; none is configured")
-        raise AttributeError(f"there is no upstream MCP server {name!r}{_closest(name, servers)}")
-
-
-def _closest(name: str, names: list[str]) -> str:
-    """A hint naming the few closest of `names` (never all of them: there may be hundreds)."""
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-    if close:
-        return "; did you mean " + " or ".join(repr(n) for n in close) + "?"
-    if len(names) <= 10:
-        return "; it has: " + ", ".join(names)
-    return f"; it has {len(names)} (search_tools finds them by words)"
+        raise AttributeError(f"there is no upstream MCP server {name!r}{closest_hint(name, servers)}")
 
 
 def build_tools(manifest: list[dict[str, Any]], channel: ToolChannel | None) -> Tools:
@@ -460,7 +498,7 @@ def build_tools(manifest: list[dict[str, Any]], channel: ToolChannel | None) -> 
             functions = servers.setdefault(spec["server_py"], {})
             functions[spec["name_py"]] = call
             functions[spec["name_py"] + "_async"] = call_async
-    return Tools({name: ServerTools(name, functions) for name, functions in servers.items()})
+    return Tools({name: ServerTools(name, functions) for name, functions in servers.items()}, channel)
 
 
 class Interpreter:

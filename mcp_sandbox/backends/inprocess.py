@@ -204,7 +204,12 @@ class InProcessExecutor(Executor):
         # A coroutine, not a plain callback: anyio starts tasks only from inside a task.
         async def begin() -> None:  # on the server's loop
             try:
-                self._start_tool_call(call, message["server"], message["tool"], message["arguments"], deliver)
+                if message["type"] == "describe":
+                    self._start_describe(call, message["query"], message["limit"], deliver)
+                else:
+                    self._start_tool_call(
+                        call, message["server"], message["tool"], message["arguments"], deliver
+                    )
             except RuntimeError:  # the execution's task group has closed
                 self._channel.deliver(call, reply_error("the execution ended before this tool call started"))
 

@@ -167,7 +167,7 @@ class ProcessExecutor(Executor):
                 )
                 if message.kind == "fatal" or message.id == self._run_id:
                     raise SandboxDied(f"the sandbox sent a malformed {message.kind} message")
-                if message.kind == "tool_call" and isinstance(message.call, int):
+                if message.kind in ("tool_call", "describe") and isinstance(message.call, int):
                     # Answered, so a program blocked on it is not left waiting for its timeout.
                     await self._deliver_tool_result(message.call, reply_error("the tool call was malformed"))
                 continue
@@ -186,6 +186,10 @@ class ProcessExecutor(Executor):
                     message["tool"],
                     message["arguments"],
                     self._deliver_tool_result,
+                )
+            if message["type"] == "describe":
+                self._start_describe(
+                    message["call"], message["query"], message["limit"], self._deliver_tool_result
                 )
             # Anything else is stale or forged by the sandbox itself: it only concerns this run.
 

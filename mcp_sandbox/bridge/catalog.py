@@ -72,6 +72,9 @@ class ToolSpec:
     unwrap_result: bool = False
     #: A host Python callable (bridge/local.py) rather than an upstream MCP tool.
     local: bool = False
+    #: When the input schema allows properties it does not list (additionalProperties), the name
+    #: of the guest function's **parameter that takes them (`other`); they are sent as given.
+    other_keywords: str | None = None
     #: The upstream's schemas, shown by search_tools(detail="full"); never sent to a sandbox.
     input_schema: dict[str, Any] | None = field(default=None, repr=False)
     output_schema: dict[str, Any] | None = field(default=None, repr=False)
@@ -86,6 +89,8 @@ class ToolSpec:
         optional = [p for p in self.params if not p.required]
         parts = [f"{p.py}: {p.annotation}" for p in required]
         parts += [f"{p.py}: {_optional(p.annotation)} = None" for p in optional]
+        if self.other_keywords is not None:
+            parts.append(f"**{self.other_keywords}")
         return f"tools.{self.server_py}.{self.name_py}({', '.join(parts)})"
 
     @property
@@ -155,6 +160,19 @@ def _annotation(schema: Any) -> str:
     return "Any"
 
 
+def takes_other_arguments(schema: Any) -> bool:
+    """Whether an input schema says it takes properties besides those it lists. Only when it says
+    so: most servers leave additionalProperties out and refuse what they did not list."""
+    if not isinstance(schema, dict):
+        return False
+    more = schema.get("additionalProperties")
+    return (
+        more is True
+        or (isinstance(more, dict) and more != {"not": {}})
+        or bool(schema.get("patternProperties"))
+    )
+
+
 def _wraps_result(output_schema: Any) -> bool:
     if not isinstance(output_schema, dict) or not isinstance(output_schema.get("properties"), dict):
         return False
@@ -193,11 +211,14 @@ def tool_spec(
         params,
         description or "",
         _wraps_result(output_schema),
+        other_keywords=python_name("other", taken) if takes_other_arguments(schema) else None,
         input_schema=schema if isinstance(schema, dict) else None,
         output_schema=output_schema if isinstance(output_schema, dict) else None,
     )
 
 
+#: What a search that finds nothing says.
+NO_MATCH = "no tool matches; try other words, or an empty query to list them"
 #: Words a query carries that say nothing about which tool: "create a jira item".
 STOPWORDS = frozenset(
     "a an and any all as at be by for from get i in into is it me my of on or please some the "

@@ -35,8 +35,10 @@ from mcp.types import (
 )
 
 from mcp_sandbox.bridge.catalog import LOCAL_SERVER, SearchIndex, ToolSpec, python_name, tool_spec
+from mcp_sandbox.bridge.check import Catalog, WrongCall, wrong_tool_calls
 from mcp_sandbox.bridge.config import BridgeConfig, StdioUpstream, Upstream
 from mcp_sandbox.bridge.local import LocalTools
+from mcp_sandbox.bridge.stubs import stubs
 from mcp_sandbox.protocol import MAX_TOOL_REPLY_CHARS, ToolContentItem, reply_error, reply_ok
 from mcp_sandbox.retry import Backoff
 
@@ -235,7 +237,7 @@ class ToolBridge:
         """`local` (host callables, see bridge/local.py), even empty, reserves `tools.local` for
         them, so they can be replaced later with `set_local_tools`."""
         self.call_timeout = call_timeout
-        taken: set[str] = {"ToolError"}
+        taken: set[str] = {"ToolError", "describe"}  # the guest's `tools` has these
         if local is not None:
             taken.add(LOCAL_SERVER)
         self.local = local
@@ -347,6 +349,33 @@ class ToolBridge:
 
     def search(self, query: str, limit: int) -> list[ToolSpec]:
         return self._index.search(query, limit)
+
+    def wrong_calls(self, code: str) -> list[WrongCall]:
+        """The calls in `code` that name a server, tool or keyword the catalog does not have; a
+        server whose tools are not listed yet (still connecting) is not judged."""
+        unlisted = frozenset(conn.name_py for conn in self.connections.values() if not conn.specs)
+        return wrong_tool_calls(code, Catalog(self._specs, unlisted))
+
+    def named(self, name: str) -> list[ToolSpec]:
+        """The tools `name` names: every tool of a server (`jira`), or a tool (`jira_create_item`,
+        `jira.jira_create_item`, `tools.jira.jira_create_item`), by its Python or upstream name."""
+        name = name.strip().removeprefix("tools.")
+        specs = list(self._specs.values())
+        of_server = [spec for spec in specs if name in (spec.server_py, spec.server)]
+        if of_server:
+            return of_server
+        server, dot, tool = name.rpartition(".")
+        return [
+            spec
+            for spec in specs
+            if tool in (spec.name_py, spec.name) and (not dot or server in (spec.server_py, spec.server))
+        ]
+
+    def describe(self, query: str, limit: int) -> str:
+        """tools.describe(query) in the sandbox: the stubs of the tools `query` names, else of the
+        best `limit` matches of its words (as search_tools(detail="stub") gives them)."""
+        specs = self.named(query) or self.search(query, limit)
+        return stubs(specs, f"{len(specs)} of {len(self._specs)} tools")
 
     def summary(self, most: int = 5) -> str:
         """For the execute_python description: how many tools on which servers, the same few words

@@ -183,6 +183,15 @@ async def test_search_tools_and_the_description(client: Client) -> None:
     # How many tools on which servers, never the tools themselves: it costs every agent tokens.
     assert "36 tools on calc" in (described["execute_python"] or "")
     assert "get_weather" not in (described["execute_python"] or "")
+    # Stubs type a result from the tool's output schema, unwrapping {"result": ...}.
+    stub = await client.call_tool("search_tools", {"query": "add two integers", "limit": 1, "detail": "stub"})
+    text = stub.content[0].text  # type: ignore[union-attr]
+    assert "class AddResult(TypedDict):\n    sum: int\n" in text, text
+    assert "def add(**arguments: Unpack[AddArgs]) -> AddResult:" in text, text
+    numbers = await client.call_tool(
+        "search_tools", {"query": "integers below count", "limit": 1, "detail": "stub"}
+    )
+    assert "def numbers(**arguments: Unpack[NumbersArgs]) -> list[int]:" in numbers.content[0].text  # type: ignore[union-attr]
 
 
 async def test_async_calls_run_in_parallel(client: Client) -> None:

@@ -73,16 +73,30 @@ async def test_a_tool_that_answers_json_text_gives_data(client: Client) -> None:
 
 
 async def test_a_misspelt_tool_names_the_closest_not_all(client: Client) -> None:
-    result = await call(client, "tools.many.jira_create_itme(query='x')")
-    assert result["error_type"] == "AttributeError", result
-    assert "jira_create_item" in result["error"], result
-    assert "slack_create_item" not in result["error"] and "stripe_export_items" not in result["error"], result
+    # A call is checked before the program runs; a tool reached otherwise, when it is reached.
+    for code, error_type in [
+        ("tools.many.jira_create_itme(query='x')", "Rejected"),
+        ("create = tools.many.jira_create_itme", "AttributeError"),
+    ]:
+        result = await call(client, code)
+        assert result["error_type"] == error_type, result
+        assert "jira_create_item" in result["error"], result
+        assert "slack_create_item" not in result["error"] and "stripe_export_items" not in result["error"], (
+            result
+        )
 
 
 async def test_a_misspelt_or_missing_argument_is_named(client: Client) -> None:
-    misspelt = await call(client, "tools.many.jira_create_item(qeury='x')")
-    assert misspelt["error_type"] == "TypeError", misspelt
-    assert "did you mean 'query'" in misspelt["error"] and "'query' (str) is required" in misspelt["error"]
+    # A misspelt keyword is refused before the program runs; a missing one when the call is made.
+    for code, error_type in [
+        ("tools.many.jira_create_item(qeury='x')", "Rejected"),
+        ("arguments = {'qeury': 'x'}\ntools.many.jira_create_item(**arguments)", "TypeError"),
+    ]:
+        misspelt = await call(client, code)
+        assert misspelt["error_type"] == error_type, misspelt
+        assert (
+            "did you mean 'query'" in misspelt["error"] and "'query' (str) is required" in misspelt["error"]
+        )
     missing = await call(client, "tools.many.jira_create_item(limit=3)")
     assert "'query' (str) is required" in missing["error"], missing
 

@@ -187,3 +187,14 @@ def test_search_is_flat_and_quick_at_a_thousand_tools() -> None:
     index = SearchIndex([tool_spec("many", "many", n, n, t, schema) for n, t in tool_names(1000)])
     assert index.search("create a jira item", 1)[0].name == "jira_create_item"
     assert index.search("", 3) == index.specs[:3]
+
+
+def test_a_schema_that_says_it_takes_other_properties_gets_other_keywords() -> None:
+    listed = {"type": "object", "properties": {"other": {"type": "string"}}, "required": ["other"]}
+    assert tool_spec("s", "s", "t", "t", None, listed).other_keywords is None  # left out: not said
+    closed = {**listed, "additionalProperties": False}
+    assert tool_spec("s", "s", "t", "t", None, closed).other_keywords is None
+    for more in ({"additionalProperties": True}, {"additionalProperties": {"type": "integer"}}):
+        spec = tool_spec("s", "s", "t", "t", None, {**listed, **more})
+        assert spec.other_keywords == "other_2"  # a parameter is called `other` already
+        assert spec.signature == "tools.s.t(other: str, **other_2)"

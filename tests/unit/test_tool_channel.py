@@ -6,8 +6,11 @@ import asyncio
 import json
 import threading
 
-from mcp_sandbox.backends.guest import ToolChannel
-from mcp_sandbox.protocol import reply_ok
+from mcp_sandbox.backends.guest import Interpreter, ToolChannel
+from mcp_sandbox.bridge.catalog import tool_spec
+from mcp_sandbox.protocol import OutputLimits, reply_ok
+
+NO_ARTIFACTS: OutputLimits = {"max_files": 0, "max_bytes": 0, "max_figures": 0}
 
 
 class Host:
@@ -67,3 +70,69 @@ def test_progress_is_a_protocol_message_and_stray_replies_are_ignored() -> None:
     host.channel.progress("50% done")
     host.channel.deliver(99, reply_ok(None))  # no such call: nothing happens
     assert host.sent == [{"type": "progress", "line": "50% done"}]
+
+
+class DescribingHost(Host):
+    """Answers each describe with the query it got, as the bridge answers with stubs."""
+
+    def send(self, payload: str) -> None:
+        message = json.loads(payload)
+        self.sent.append(message)
+        if message["type"] == "describe":
+            reply = reply_ok(f"# stubs for {message['query']!r}, at most {message['limit']}")
+            threading.Timer(0.01, self.channel.deliver, (message["call"], reply)).start()
+
+
+def test_tools_describe_asks_the_host_over_the_channel_and_shows_the_text_as_code() -> None:
+    host = DescribingHost()
+    manifest = [
+        {
+            "server": "calc",
+            "server_py": "calc",
+            "name": "add",
+            "name_py": "add",
+            "params": [],
+            "description": "",
+            "unwrap_result": False,
+            "local": False,
+            "doc": "",
+        }
+    ]
+    session = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}, host.channel)
+    session.install_tools(json.dumps(manifest))
+    outcome = session.run(
+        "print(tools.describe('jira', limit=2))\n"
+        "assert tools.describe(tools.calc.add_async) == tools.describe(tools.calc.add)\n"
+        "tools.describe(tools.calc)"
+    )
+    assert isinstance(outcome, dict) and outcome["success"], outcome
+    assert outcome["stdout"] == "# stubs for 'jira', at most 2\n"
+    assert outcome["result"] == "# stubs for 'calc', at most 5"  # shown as code, not escaped
+    queries = [(m["call"], m["query"]) for m in host.sent if m["type"] == "describe"]
+    assert queries == [(1, "jira"), (2, "tools.calc.add"), (3, "tools.calc.add"), (4, "calc")]
+
+
+def test_tools_describe_refuses_what_it_cannot_send() -> None:
+    session = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}, DescribingHost().channel)
+    for code, error_type in [
+        ("tools.describe(42)", "TypeError"),
+        ("tools.describe('x', limit='5')", "ValueError"),
+    ]:
+        outcome = session.run(code)
+        assert isinstance(outcome, dict) and outcome["error_type"] == error_type, outcome
+
+
+def test_tools_describe_without_a_bridge_says_so() -> None:
+    outcome = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}).run("tools.describe('x')")
+    assert isinstance(outcome, dict) and outcome["error_type"] == "ToolError", outcome
+    assert "no upstream MCP servers are configured" in str(outcome["error"])
+
+
+def test_a_tool_whose_schema_takes_other_properties_sends_other_keywords_as_given() -> None:
+    schema = {"type": "object", "properties": {"from": {"type": "string"}}, "additionalProperties": True}
+    host = Host()
+    session = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}, host.channel)
+    session.install_tools(json.dumps([tool_spec("crm", "crm", "put", "put", "Store.", schema).manifest()]))
+    outcome = session.run("tools.crm.put(from_='a', colour='red', **{'x-y': 1})")
+    assert isinstance(outcome, dict) and outcome["success"], outcome
+    assert json.loads(str(host.sent[0]["arguments"])) == {"from": "a", "colour": "red", "x-y": 1}

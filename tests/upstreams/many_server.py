@@ -2,12 +2,14 @@
 services past that; 5 parameters each, a one-sentence description, and JSON answered as text, as
 most real MCP servers answer.
 
-`python -m tests.upstreams.many_server [COUNT]` serves COUNT tools (100) over stdio.
+`python -m tests.upstreams.many_server [COUNT]` serves COUNT tools (100) over stdio. With
+MANY_SERVER_CALL_LOG set, each call appends its arguments to that file (a test sees what arrived).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated
 
@@ -57,9 +59,12 @@ def answer(
     fields: Annotated[list[str] | None, Field(description="Which fields to include.")] = None,
     dry_run: Annotated[bool, Field(description="Check the request without doing it.")] = False,
 ) -> str:
-    return json.dumps(
-        {"query": query, "limit": limit, "cursor": cursor, "fields": fields, "dry_run": dry_run}
-    )
+    arguments = {"query": query, "limit": limit, "cursor": cursor, "fields": fields, "dry_run": dry_run}
+    log = os.environ.get("MANY_SERVER_CALL_LOG")
+    if log:
+        with open(log, "a") as calls:
+            calls.write(json.dumps(arguments) + "\n")
+    return json.dumps(arguments)
 
 
 def build(count: int) -> MCPServer:

@@ -14,7 +14,7 @@ export const JIT_WARM_UP_ROUNDS_AT_START = 3;
 export const GUEST_RUNTIME_MODULE = "mcp_sandbox.backends.guest";
 export const OUTPUT_DIR = "output";
 export const DATA_DIR = "data";
-export const PASSING_KINDS = ["progress", "tool_call", "ready", "fatal"] as const;
+export const PASSING_KINDS = ["progress", "tool_call", "describe", "ready", "fatal"] as const;
 export const REPLY_INTERRUPTED = "{\"ok\": false, \"interrupted\": true}";
 
 export type OutputLimits = {
@@ -155,6 +155,13 @@ export type ToolCallMessage = {
   arguments: string;
 };
 
+export type DescribeMessage = {
+  type: "describe";
+  call: number;
+  query: string;
+  limit: number;
+};
+
 export type RecycledMessage = {
   type: "recycled";
   id: number;
@@ -188,6 +195,7 @@ export type RunnerMessage =
   | FatalMessage
   | ProgressMessage
   | ToolCallMessage
+  | DescribeMessage
   | RecycledMessage
   | CheckpointedMessage
   | RestoredMessage;

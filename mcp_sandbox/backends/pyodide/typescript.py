@@ -65,6 +65,7 @@ TYPES = (
     "FatalMessage",
     "ProgressMessage",
     "ToolCallMessage",
+    "DescribeMessage",
     "RecycledMessage",
     "CheckpointedMessage",
     "RestoredMessage",

@@ -11,6 +11,7 @@ import {
   DATA_DIR,
   GUEST_RUNTIME_MODULE,
   type GuestLimits,
+  type GuestOutcome,
   JIT_WARM_UP_IDLE_MS,
   JIT_WARM_UP_ROUNDS_AT_START,
   OUTPUT_DIR,
@@ -351,6 +352,17 @@ function settleMessagePorts(): Promise<void> {
   });
 }
 
+// What guest.interrupted_outcome reports for an interrupt outside the program.
+const INTERRUPTED_OUTCOME: GuestOutcome = {
+  success: false,
+  stdout: "",
+  stderr: "",
+  result: null,
+  error_type: "KeyboardInterrupt",
+  error: "KeyboardInterrupt",
+  truncated: false,
+};
+
 async function run(message: RunMessage): Promise<void> {
   const id = message.id;
   currentId = id;
@@ -367,9 +379,15 @@ async function run(message: RunMessage): Promise<void> {
       awaitable.destroy?.();
     }
   } catch (error) {
-    // The guest runtime catches every Python exception, so this is Pyodide itself failing.
-    postRunnerMessage(id, { type: "crashed", id, message: String(error) }, true);
-    return;
+    if ((error as { type?: unknown }).type === "KeyboardInterrupt") {
+      // The deadline passed before the program began, so the interrupt landed in the runtime's
+      // own code: the run was interrupted, as the CPython runners report it.
+      outcome = JSON.stringify(INTERRUPTED_OUTCOME);
+    } else {
+      // The guest runtime catches every other Python exception: this is Pyodide itself failing.
+      postRunnerMessage(id, { type: "crashed", id, message: String(error) }, true);
+      return;
+    }
   } finally {
     currentId = null;
   }
