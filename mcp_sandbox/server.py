@@ -158,8 +158,8 @@ def describe_execute_python(app: App) -> str:
         "Run Python in a sandbox; returns stdout, stderr and the last expression's repr() like a REPL; "
         f"top-level await works. {app.backend.describe()} A session_id keeps variables between calls "
         f"(idle ones expire after {s.session_ttl:g} s; reset_session ends one). Timeout {s.timeout:g} s "
-        f"unless `timeout` says (max {s.max_timeout:g} s). stdout and stderr keep {s.max_output_chars} "
-        "characters each; a cut one is whole at stdout_uri/stderr_uri." + describe_bridge(app)
+        f"(max {s.max_timeout:g} s via `timeout`). Output past {s.max_output_chars} characters is cut; "
+        "stdout_uri has it whole." + describe_bridge(app)
     )
 
 
@@ -277,7 +277,7 @@ def build_server(app: App) -> MCPServer:
             str, Field(description="The session to clear.", json_schema_extra=session_id_schema)
         ],
     ) -> ResetResult:
-        """Clear a session: its variables are dropped and its sandbox is stopped."""
+        """End a session: drop its variables and stop its sandbox."""
         try:
             existed = await app.reset_session(session_id)
         except (InvalidRequest, SessionElsewhere) as error:

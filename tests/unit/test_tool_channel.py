@@ -98,7 +98,9 @@ def test_tools_describe_asks_the_host_over_the_channel_and_shows_the_text_as_cod
             "doc": "",
         }
     ]
-    session = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}, host.channel)
+    session = Interpreter(
+        {"max_output_chars": 1000, "max_kept_output_chars": 0, "output": NO_ARTIFACTS}, host.channel
+    )
     session.install_tools(json.dumps(manifest))
     outcome = session.run(
         "print(tools.describe('jira', limit=2))\n"
@@ -113,7 +115,10 @@ def test_tools_describe_asks_the_host_over_the_channel_and_shows_the_text_as_cod
 
 
 def test_tools_describe_refuses_what_it_cannot_send() -> None:
-    session = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}, DescribingHost().channel)
+    session = Interpreter(
+        {"max_output_chars": 1000, "max_kept_output_chars": 0, "output": NO_ARTIFACTS},
+        DescribingHost().channel,
+    )
     for code, error_type in [
         ("tools.describe(42)", "TypeError"),
         ("tools.describe('x', limit='5')", "ValueError"),
@@ -123,7 +128,9 @@ def test_tools_describe_refuses_what_it_cannot_send() -> None:
 
 
 def test_tools_describe_without_a_bridge_says_so() -> None:
-    outcome = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}).run("tools.describe('x')")
+    outcome = Interpreter({"max_output_chars": 1000, "max_kept_output_chars": 0, "output": NO_ARTIFACTS}).run(
+        "tools.describe('x')"
+    )
     assert isinstance(outcome, dict) and outcome["error_type"] == "ToolError", outcome
     assert "no upstream MCP servers are configured" in str(outcome["error"])
 
@@ -131,7 +138,9 @@ def test_tools_describe_without_a_bridge_says_so() -> None:
 def test_a_tool_whose_schema_takes_other_properties_sends_other_keywords_as_given() -> None:
     schema = {"type": "object", "properties": {"from": {"type": "string"}}, "additionalProperties": True}
     host = Host()
-    session = Interpreter({"max_output_chars": 1000, "output": NO_ARTIFACTS}, host.channel)
+    session = Interpreter(
+        {"max_output_chars": 1000, "max_kept_output_chars": 0, "output": NO_ARTIFACTS}, host.channel
+    )
     session.install_tools(json.dumps([tool_spec("crm", "crm", "put", "put", "Store.", schema).manifest()]))
     outcome = session.run("tools.crm.put(from_='a', colour='red', **{'x-y': 1})")
     assert isinstance(outcome, dict) and outcome["success"], outcome

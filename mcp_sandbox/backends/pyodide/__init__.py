@@ -254,8 +254,8 @@ class PyodideBackend(Backend):
 
     def describe(self) -> str:
         return (
-            f"Pyodide {self._version} (CPython in WebAssembly) in a Deno process: {self._network()}, "
-            "no host files, no host environment variables; the standard library is there."
+            f"Pyodide {self._version} (CPython in WebAssembly, in Deno): {self._network()}, no host files "
+            "or environment variables."
         )
 
     def _network(self) -> str:
