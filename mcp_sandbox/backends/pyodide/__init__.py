@@ -35,6 +35,7 @@ from mcp_sandbox.backends.process import (
     ProcessExecutor,
     start_process_executor,
 )
+from mcp_sandbox.packages import Lock, PackageSource, default_index_url
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -185,6 +186,16 @@ class PyodideBackend(Backend):
             )
         partial.unlink(missing_ok=True)
         return None
+
+    @property
+    def index_url(self) -> str:
+        return self._settings.package_index_url or default_index_url(self._version)
+
+    def package_source(self) -> PackageSource:
+        """Pyodide's lock file (which came through npm's integrity check) over the index's, and the
+        packages folder."""
+        bundled = Lock.read(self.lock_file())
+        return PackageSource(bundled, self._settings.packages_folder, self.index_url)
 
     def lock_file(self) -> Path:
         """Pyodide's lock file: every package of its distribution, with dependencies and sha256."""
