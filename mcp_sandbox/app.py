@@ -147,6 +147,7 @@ class App:
             recycle=self.settings.recycle and self._backend.recycles,
         )
         self._pool.fill()
+        self._backend.start_background_work()
         sessions.attach(self._pool, self._backend, task_group)
         self._sessions = sessions
         task_group.start_soon(sessions.expire_idle)
@@ -197,6 +198,8 @@ class App:
             result = await self.sessions.run(
                 code, timeout=settings.clamp_timeout(timeout), session_id=session_id, progress=progress
             )
+            if notes := self.backend.notes_for(result):
+                result = result.model_copy(update={"notes": [*result.notes, *notes]})
         if settings.output_dir is not None and result.files:
             await anyio.to_thread.run_sync(result.save_files, settings.output_dir)
         await self.record.add(code, result)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from mcp_sandbox.backends.base import Backend, Executor, ExecutorHooks, failed_import, no_progress
 from mcp_sandbox.packages import (
     CACHED_INDEX_LOCK,
     DefaultPackages,
@@ -26,6 +27,8 @@ from mcp_sandbox.packages import (
     download,
     host_import_note,
 )
+from mcp_sandbox.result import ExecutionResult
+from mcp_sandbox.settings import Settings
 from tests.package_index import PackageIndex, closed_port_url, serve_index
 
 
@@ -265,3 +268,40 @@ def test_the_cpython_backends_name_pip_for_a_package_pyodide_has() -> None:
         "the host has it"
     )
     assert host_import_note("nonesuch", pyodide) is None
+
+
+def failure(error_type: str, error: str) -> ExecutionResult:
+    return ExecutionResult(success=False, error_type=error_type, error=error, backend="pyodide")
+
+
+def test_the_failed_import_is_read_from_the_traceback() -> None:
+    traceback = (
+        'Traceback (most recent call last):\n  File "<cell-1>", line 1\n'
+        "ModuleNotFoundError: No module named 'pandas'"
+    )
+    assert failed_import(failure("ModuleNotFoundError", traceback)) == "pandas"
+    assert failed_import(failure("ImportError", "ImportError: cannot import name 'x'")) is None
+    assert failed_import(ExecutionResult(success=True, backend="pyodide")) is None
+
+
+class NoteEveryImport(Backend):
+    """A backend whose import note names the module, to see which failures reach it."""
+
+    name = "fake"
+
+    async def start(self) -> Executor:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return ""
+
+    def import_note(self, module: str) -> str | None:
+        return f"note for {module}"
+
+
+def test_only_a_missing_top_level_module_gets_a_note() -> None:
+    backend = NoteEveryImport(Settings(), ExecutorHooks(tools=None, progress=no_progress))
+    missing = "ModuleNotFoundError: No module named '{}'"
+    assert backend.notes_for(failure("ModuleNotFoundError", missing.format("pandas"))) == ["note for pandas"]
+    assert backend.notes_for(failure("ModuleNotFoundError", missing.format("pandas.nope"))) == []
+    assert backend.notes_for(ExecutionResult(success=True, backend="fake")) == []
