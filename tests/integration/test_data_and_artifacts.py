@@ -162,6 +162,20 @@ async def test_a_wheel_in_the_packages_folder_imports_offline(client: Client, ba
     assert result["result"] == "(42, 'hello from a wheel')", result
 
 
+async def test_a_pyodide_package_in_the_folder_imports_without_a_note(
+    client: Client, backend: str, folders: Folders, tmp_path: Path
+) -> None:
+    needs_pyodide(backend, "the CPython backends import only what the host has installed")
+    # Under the file name Pyodide's lock file gives (the server has fetched Pyodide by now), as a
+    # fetch leaves it; Pyodide loads it by its lock file, and the wheel loader must not load it again.
+    six = cached_pyodide_lock(Settings().cache_dir).get("six")
+    assert six is not None, "six is in Pyodide's lock file"
+    built = build_wheel(tmp_path, "six", "MARKER = 'built by the tests'", version="1.17.0")
+    built.replace(folders.packages / six.file_name)
+    result = await call(client, "import six\nsix.MARKER")
+    assert result["result"] == "'built by the tests'" and result["notes"] == [], result
+
+
 async def test_a_missing_pyodide_package_says_how_to_get_it(client: Client, backend: str) -> None:
     needs_pyodide(backend, "the CPython backends import only what the host has installed")
     result = await call(client, "import numpy")

@@ -254,7 +254,11 @@ async function loadImports(code: string): Promise<string[]> {
     // A module the session has imported already needs no package.
     if (names.every((name) => importedModules!.has(name.split(".")[0]))) return [];
     await withRealPaths(() => pyodide.loadPackagesFromImports(code, quiet));
-    const wanted = names.map((name) => normalize(name.split(".")[0])).filter((n) => !loadedWheels.has(n));
+    // Pyodide's own packages were loaded just above, by its lock file: loading their files again
+    // as wheels would only earn a note ("URI mismatch ... already loaded").
+    const loaded = new Set(Object.keys(pyodide.loadedPackages).map(normalize));
+    const wanted = names.map((name) => normalize(name.split(".")[0]))
+      .filter((n) => !loadedWheels.has(n) && !loaded.has(n));
     if (wanted.length) {
       const wheels = wheelsInFolder();
       for (const name of wanted) {
