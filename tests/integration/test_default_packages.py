@@ -151,6 +151,7 @@ async def test_an_unreachable_index_is_one_log_line_and_an_import_note(tmp_path:
             assert fix in note, note
         other = await call(client, "import nonesuch_module")
         assert other["error_type"] == "ModuleNotFoundError" and other["notes"] == [], "no lock knows it"
+        assert "It imports the standard library only." in await description(client), "six failed"
     lines = package_lines(log)
     assert len(lines) == 1 and " WARNING " in lines[0], log.read_text()
     assert re.search(
