@@ -34,6 +34,8 @@ LOCK_TIMEOUT = 10.0
 #: Seconds a package file's connection may stay silent before the fetch gives up.
 DOWNLOAD_TIMEOUT = 30.0
 LOCK_NAME = "pyodide-lock.json"
+#: Pyodide's lock file is well under 1 MB; an index that sends more is not sending one.
+MAX_LOCK_BYTES = 16 * 2**20
 #: The index's lock file as last fetched, kept in the packages folder so later starts resolve
 #: offline; hidden, so it is never mistaken for a package.
 CACHED_INDEX_LOCK = ".index-lock.json"
@@ -198,7 +200,7 @@ def fetch_index_lock(index_url: str, timeout: float = LOCK_TIMEOUT) -> tuple[Loc
     url = index_url + LOCK_NAME
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            body: bytes = response.read()
+            body: bytes = response.read(MAX_LOCK_BYTES + 1)
     except urllib.error.HTTPError as error:
         raise PackageError(
             f"the package index has no lock file: {url} answered {error.code} {error.reason}"
@@ -206,6 +208,8 @@ def fetch_index_lock(index_url: str, timeout: float = LOCK_TIMEOUT) -> tuple[Loc
     except (OSError, ValueError) as error:
         reason = error.reason if isinstance(error, urllib.error.URLError) else error
         raise IndexUnreachable(f"the package index {index_url} could not be reached ({reason})") from None
+    if len(body) > MAX_LOCK_BYTES:
+        raise PackageError(f"the package index's {url} is over {MAX_LOCK_BYTES // 2**20} MB: not a lock file")
     try:
         return Lock.parse(json.loads(body)), body
     except ValueError:

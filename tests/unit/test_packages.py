@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from mcp_sandbox import packages as packages_module
 from mcp_sandbox.backends.base import Backend, Executor, ExecutorHooks, failed_import, no_progress
 from mcp_sandbox.packages import (
     CACHED_INDEX_LOCK,
@@ -25,6 +26,7 @@ from mcp_sandbox.packages import (
     PackageFile,
     PackageSource,
     download,
+    fetch_index_lock,
     host_import_note,
 )
 from mcp_sandbox.result import ExecutionResult
@@ -160,6 +162,18 @@ def test_a_stopped_download_leaves_nothing(tmp_path: Path, index: PackageIndex) 
     with pytest.raises(FetchStopped):
         download(good, folder, index.url, lambda *_: None, stop)
     assert list(folder.iterdir()) == []
+
+
+def test_an_index_lock_that_is_not_one_is_refused(
+    index: PackageIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (index.folder / "pyodide-lock.json").write_text("{" * 10)
+    with pytest.raises(PackageError, match="not a lock file"):
+        fetch_index_lock(index.url)
+    monkeypatch.setattr(packages_module, "MAX_LOCK_BYTES", 5)
+    (index.folder / "pyodide-lock.json").write_text('{"packages": {}}')
+    with pytest.raises(PackageError, match="over 0 MB"):
+        fetch_index_lock(index.url)
 
 
 def bundled_lock(index: PackageIndex, *names: str) -> Lock:
