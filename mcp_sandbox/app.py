@@ -155,6 +155,7 @@ class App:
             recycle=self.settings.recycle and self._backend.recycles,
         )
         self._pool.fill()
+        self._backend.start_background_work()
         sessions.attach(self._pool, self._backend, task_group)
         self._sessions = sessions
         task_group.start_soon(sessions.expire_idle)
@@ -205,6 +206,8 @@ class App:
             result = await self.sessions.run(
                 code, timeout=settings.clamp_timeout(timeout), session_id=session_id, progress=progress
             )
+            if notes := self.backend.notes_for(result):
+                result = result.model_copy(update={"notes": [*result.notes, *notes]})
         self.kept.keep(result)
         if settings.output_dir is not None and result.files:
             await anyio.to_thread.run_sync(result.save_files, settings.output_dir)

@@ -40,7 +40,7 @@ from mcp_sandbox.doctor import (
     package_location,
     run_checks,
 )
-from mcp_sandbox.packages import PackageError, default_index_url, fetch_packages
+from mcp_sandbox.packages import PackageError, fetch_packages
 from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
@@ -131,12 +131,21 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, CliSettingsSource[Sett
         "fetch",
         aliases=["warmup"],
         help="fetch Pyodide, and Pyodide packages, for offline use",
-        description="Fetch Pyodide into the cache and, with --packages, packages of the Pyodide "
-        "distribution (with their dependencies) into the packages folder, so sandboxes load them offline.",
+        description="Fetch Pyodide into the cache, and packages of the Pyodide distribution (the default "
+        "set, MCP_SANDBOX_DEFAULT_PACKAGES, or --packages; with their dependencies) into the packages "
+        "folder, each checked against its sha256, so sandboxes load them offline.",
         epilog=SETTINGS_NOTE,
     )
-    fetch.add_argument("--packages", default="", help="comma-separated, e.g. numpy,pandas,matplotlib")
-    fetch.add_argument("--index-url", help="where to fetch them (default: the Pyodide CDN for this version)")
+    fetch.add_argument(
+        "--packages",
+        help="comma-separated, e.g. numpy,pandas,matplotlib (default: MCP_SANDBOX_DEFAULT_PACKAGES; "
+        "an empty string: none)",
+    )
+    fetch.add_argument(
+        "--index-url",
+        help="where to fetch them (default: MCP_SANDBOX_PACKAGE_INDEX_URL, else the Pyodide CDN for this "
+        "version)",
+    )
     return parser, {"serve": _settings_flags(serve), "run": _settings_flags(run)}
 
 
@@ -169,7 +178,7 @@ async def showing_progress(label: str) -> AsyncIterator[None]:
     print(f"{label}: done in {time.monotonic() - started:.1f} s", file=sys.stderr)
 
 
-async def fetch(settings: Settings, packages: list[str], index_url: str | None) -> None:
+async def fetch(settings: Settings, packages: list[str]) -> None:
     deno = find_deno(settings)
     if deno is None:
         raise SandboxStartError(
@@ -183,10 +192,9 @@ async def fetch(settings: Settings, packages: list[str], index_url: str | None) 
         await backend.prepare()
     print(f"Pyodide {pyodide_version()} is in {settings.cache_dir}", file=sys.stderr)
     if packages:
-        url = index_url or default_index_url(pyodide_version())
-        folder = settings.packages_folder
-        print(f"fetching into {folder} from {url}", file=sys.stderr)
-        fetched = await anyio.to_thread.run_sync(fetch_packages, backend.lock_file(), packages, folder, url)
+        source = backend.package_source()
+        print(f"fetching into {source.folder} from {source.index_url}", file=sys.stderr)
+        fetched = await anyio.to_thread.run_sync(fetch_packages, source, packages)
         print(f"{len(fetched)} package files fetched", file=sys.stderr)
 
 
@@ -338,8 +346,9 @@ def _settings(args: argparse.Namespace, flags: CliSettingsSource[Settings] | Non
     except ValidationError as error:
         raise CliError(f"invalid setting: {describe_validation_error(error)}", RUN_IMPOSSIBLE) from None
     if args.command == "run":
-        # One program: one sandbox, started when it is needed, and no other kept ready.
-        update: dict[str, Any] = {"pool_size": 0}
+        # One program: one sandbox, started when it is needed, and no other kept ready; no
+        # packages fetched in the background either: the program ends long before a download.
+        update: dict[str, Any] = {"pool_size": 0, "default_packages": ""}
         if getattr(args, "timeout", None) is not None:
             update["max_timeout"] = max(settings.max_timeout, settings.timeout)
         settings = settings.model_copy(update=update)
@@ -370,8 +379,17 @@ def _dispatch(args: argparse.Namespace, flags: dict[str, CliSettingsSource[Setti
     if command == "run":
         return anyio.run(run_program, settings, code)
     if command == "fetch":
-        names = [name.strip() for name in args.packages.split(",") if name.strip()]
-        anyio.run(fetch, settings, names, args.index_url)
+        update: dict[str, Any] = {}
+        if args.packages is not None:
+            update["default_packages"] = args.packages
+        if args.index_url is not None:
+            update["package_index_url"] = args.index_url
+        try:
+            # Through the model, so the flags are checked as the variables are.
+            settings = Settings.model_validate({**settings.model_dump(exclude_unset=True), **update})
+        except ValidationError as error:
+            raise CliError(f"invalid setting: {describe_validation_error(error)}") from None
+        anyio.run(fetch, settings, settings.default_package_names)
         return 0
     transport: Transport = getattr(args, "transport", "stdio")
     host: str = getattr(args, "host", "127.0.0.1")

@@ -138,6 +138,7 @@ async def check_backend(settings: Settings, name: str) -> Check:
             "save_code": None,
             "output_dir": None,
             "start_timeout": BACKEND_TIMEOUT,
+            "default_packages": "",
         }
     )
     started = time.monotonic()
@@ -247,7 +248,8 @@ def check_packages_folder(settings: Settings) -> Check:
         return Check(
             "packages folder",
             "ok",
-            f"{folder} is not there (optional: `mcp-sandbox fetch --packages numpy` makes it)",
+            f"{folder} is not there yet (the pyodide backend makes it at start, and fetches "
+            "MCP_SANDBOX_DEFAULT_PACKAGES into it)",
         )
     if not os.access(folder, os.R_OK | os.X_OK):
         return Check("packages folder", "failed", f"{folder} is not readable", f"chmod u+rx {folder}")

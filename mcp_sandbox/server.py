@@ -220,7 +220,12 @@ def _without_refs(schema: dict[str, Any]) -> dict[str, Any]:
 
 class SandboxServer(MCPServer):
     """The SDK's server, listing its tools in fewer tokens (compact_schema): every agent reads
-    the listing before its first call."""
+    the listing before its first call. execute_python's description is made at each listing:
+    what the sandbox imports changes while the server runs (packages arrive, or fail to)."""
+
+    def __init__(self, app: App, **options: Any) -> None:
+        super().__init__("mcp-sandbox", **options)
+        self._app = app
 
     async def list_tools(self) -> list[Tool]:
         return [
@@ -231,6 +236,11 @@ class SandboxServer(MCPServer):
                     if tool.output_schema is not None
                     else None,
                 }
+                | (
+                    {"description": describe_execute_python(self._app)}
+                    if tool.name == "execute_python"
+                    else {}
+                )
             )
             for tool in await super().list_tools()
         ]
@@ -239,7 +249,7 @@ class SandboxServer(MCPServer):
 def build_server(app: App) -> MCPServer:
     """An MCP server whose tools run code through `app`."""
     server: MCPServer = SandboxServer(
-        "mcp-sandbox",
+        app,
         version=__version__,
         instructions="Use execute_python to run Python code; use a session_id to keep state between calls.",
     )

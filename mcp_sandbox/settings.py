@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -173,7 +174,20 @@ class Settings(BaseSettings):
     packages_dir: Path | None = Field(
         None,
         description="pyodide: folder of Pyodide packages and pure-Python wheels that imports load from "
-        "(filled by `mcp-sandbox fetch --packages ...`); default <cache_dir>/packages.",
+        "(filled at start with default_packages, and by `mcp-sandbox fetch`); default <cache_dir>/packages.",
+    )
+    default_packages: str = Field(
+        "numpy,pandas,matplotlib",
+        description="pyodide: packages of the Pyodide distribution (comma-separated; their dependencies "
+        "too) fetched into the packages folder in the background at start, once, where the package index "
+        "is reachable; empty: none.",
+    )
+    package_index_url: str | None = Field(
+        None,
+        pattern=r"^https?://\S+$",
+        description="Where Pyodide packages are fetched from, in the Pyodide CDN's layout "
+        "(<url>/pyodide-lock.json, <url>/<file>); default: the CDN for the pinned Pyodide version. "
+        "Pyodide's own lock file still decides the sha256 of every package it names.",
     )
     audit_log: Path | None = Field(
         None, description="JSON-lines file with one record per execution (mode 0600)."
@@ -210,6 +224,21 @@ class Settings(BaseSettings):
         # Resolved once, so a later change of working directory cannot move them.
         return path.expanduser().absolute() if path is not None else None
 
+    @field_validator("default_packages")
+    @classmethod
+    def _package_names(cls, names: str) -> str:
+        listed = [name.strip() for name in names.split(",") if name.strip()]
+        bad = [name for name in listed if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name)]
+        if bad:
+            raise ValueError(f"not a package name: {', '.join(bad)} (give names like numpy,pandas)")
+        return ",".join(listed)
+
+    @field_validator("package_index_url")
+    @classmethod
+    def _folder_url(cls, url: str | None) -> str | None:
+        # File names are appended to it.
+        return url if url is None or url.endswith("/") else url + "/"
+
     @field_validator("data_dir")
     @classmethod
     def _existing_folder(cls, path: Path | None) -> Path | None:
@@ -220,6 +249,10 @@ class Settings(BaseSettings):
     @property
     def packages_folder(self) -> Path:
         return self.packages_dir or self.cache_dir / "packages"
+
+    @property
+    def default_package_names(self) -> list[str]:
+        return self.default_packages.split(",") if self.default_packages else []
 
     def output_limits(self) -> OutputLimits:
         return {

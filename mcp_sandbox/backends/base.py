@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -374,7 +375,36 @@ class Backend(ABC):
 
     @abstractmethod
     def describe(self) -> str:
-        """One sentence for the tool description: what the sandbox is and what it allows."""
+        """For the tool description: what the sandbox is and what it allows, and (one short
+        sentence) what it can import."""
+
+    def start_background_work(self) -> None:  # noqa: B027 - optional: only pyodide has any
+        """Start what the backend does in the background while it serves (pyodide: fetching the
+        default packages); returns at once. Called once, after `prepare`."""
+
+    def import_note(self, module: str) -> str | None:
+        """What a program whose `import module` failed should be told (how to get the package), or
+        None when the backend has nothing to say."""
+        return None
+
+    def notes_for(self, result: ExecutionResult) -> list[str]:
+        """Notes a finished result gets from the backend: what to do about a failed import."""
+        module = failed_import(result)
+        # Only a missing top-level module is a missing package: 'pandas.nope' means pandas is there.
+        note = self.import_note(module) if module is not None and "." not in module else None
+        return [note] if note else []
+
+
+#: The message of a ModuleNotFoundError, as the guest's traceback ends.
+MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([A-Za-z0-9_.]+)'")
+
+
+def failed_import(result: ExecutionResult) -> str | None:
+    """The module whose import failed the program, or None when it did not fail so."""
+    if result.error_type != "ModuleNotFoundError" or not result.error:
+        return None
+    found = MISSING_MODULE.findall(result.error)
+    return found[-1] if found else None
 
 
 def prepare_workspace(workdir: Path, data_dir: Path | None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import ctypes
+import functools
 import itertools
 import json
 import logging
@@ -39,6 +40,7 @@ from mcp_sandbox.backends.base import (
     SandboxDied,
     prepare_workspace,
 )
+from mcp_sandbox.packages import Lock, cached_pyodide_lock, host_import_note, host_importable
 from mcp_sandbox.protocol import GuestFile, GuestOutcome, reply_error
 from mcp_sandbox.result import GUEST_OUTCOME, read_output_file
 from mcp_sandbox.settings import Settings
@@ -326,6 +328,13 @@ class InProcessBackend(Backend):
     def describe(self) -> str:
         return (
             f"Python {sys.version.split()[0]} runs inside the server's own process (the in-process "
-            "backend, for trusted code only): it has the server's packages (numpy and pandas where "
-            "installed) and is not isolated from the host's files, network or environment."
+            "backend, for trusted code only): it is not isolated from the host's files, network or "
+            f"environment. {host_importable()}"
         )
+
+    @functools.cached_property
+    def _pyodide_lock(self) -> Lock:
+        return cached_pyodide_lock(self._settings.cache_dir)
+
+    def import_note(self, module: str) -> str | None:
+        return host_import_note(module, self._pyodide_lock)

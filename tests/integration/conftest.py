@@ -21,6 +21,8 @@ TEST_ENV = {
     "MCP_SANDBOX_POOL_SIZE": "2",
     "MCP_SANDBOX_INTERRUPT_GRACE": "1",
     "MCP_SANDBOX_LOG_LEVEL": "WARNING",
+    # No fetching from the Pyodide CDN: tests of the default packages give their own index.
+    "MCP_SANDBOX_DEFAULT_PACKAGES": "",
     # A host secret that must never be visible inside the sandbox.
     "MCP_SANDBOX_TEST_SECRET": "hunter2-host-secret",
 }

@@ -17,6 +17,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from mcp_sandbox.settings import Settings
+from tests.package_index import closed_port_url, serve_index
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINT = Path(sys.executable).with_name("mcp-sandbox")
@@ -187,6 +188,50 @@ def test_help_of_every_command(tmp_path: Path, command: list[str], expected: str
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.startswith("usage: mcp-sandbox")
     assert expected in " ".join(done.stdout.split()), done.stdout
+
+
+# --- fetch
+
+
+def test_fetch_gets_the_default_packages_once_and_refuses_a_tampered_file(tmp_path: Path) -> None:
+    (tmp_path / "index").mkdir()
+    packages = tmp_path / "packages"
+    with serve_index(tmp_path / "index") as index:
+        index.add_wheel("sbxdemo", "ANSWER = 42")
+        index.add_wheel("sbxtampered", "ANSWER = 0", tampered=True)
+        settings = {
+            "MCP_SANDBOX_PACKAGES_DIR": str(packages),
+            "MCP_SANDBOX_PACKAGE_INDEX_URL": index.url,
+            "MCP_SANDBOX_DEFAULT_PACKAGES": "sbxdemo",
+        }
+        done = cli("fetch", cwd=tmp_path, **settings)
+        assert done.returncode == 0, done.stderr
+        assert re.search(r"sbxdemo +fetched, .* sha256 checked \(1/1\)", done.stderr), done.stderr
+        assert (packages / "sbxdemo-1.0-py3-none-any.whl").is_file()
+        fetched = len(index.requests)
+        again = cli("warmup", cwd=tmp_path, **settings)
+        assert again.returncode == 0 and "sbxdemo                  already here" in again.stderr, again.stderr
+        assert len(index.requests) == fetched, "nothing fetched the second time"
+        refused = cli("fetch", "--packages", "sbxtampered", cwd=tmp_path, **settings)
+    assert refused.returncode == 1 and "does not match the sha256" in refused.stderr, refused.stderr
+    assert refused.stderr.splitlines()[-1] == "mcp-sandbox: 1 of 1 package files not fetched: sbxtampered"
+    assert sorted(path.name for path in packages.glob("*.whl")) == ["sbxdemo-1.0-py3-none-any.whl"]
+
+
+def test_fetch_from_an_unreachable_index_names_the_fix(tmp_path: Path) -> None:
+    done = cli(
+        "fetch",
+        "--packages",
+        "six",
+        "--index-url",
+        closed_port_url(),
+        cwd=tmp_path,
+        MCP_SANDBOX_PACKAGES_DIR=str(tmp_path / "packages"),
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert (
+        "could not be reached" in done.stderr and "--index-url, MCP_SANDBOX_PACKAGE_INDEX_URL" in done.stderr
+    )
 
 
 # --- doctor

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import importlib.util
 import json
 import os
 import stat
@@ -18,6 +19,8 @@ import pytest
 from mcp import Client
 from mcp.types import EmbeddedResource, ImageContent
 
+from mcp_sandbox.packages import cached_pyodide_lock
+from mcp_sandbox.settings import Settings
 from tests.integration.conftest import call, needs_pyodide, server_params
 from tests.wheels import build_wheel
 
@@ -159,11 +162,43 @@ async def test_a_wheel_in_the_packages_folder_imports_offline(client: Client, ba
     assert result["result"] == "(42, 'hello from a wheel')", result
 
 
+async def test_a_pyodide_package_in_the_folder_imports_without_a_note(
+    client: Client, backend: str, folders: Folders, tmp_path: Path
+) -> None:
+    needs_pyodide(backend, "the CPython backends import only what the host has installed")
+    # Under the file name Pyodide's lock file gives (the server has fetched Pyodide by now), as a
+    # fetch leaves it; Pyodide loads it by its lock file, and the wheel loader must not load it again.
+    six = cached_pyodide_lock(Settings().cache_dir).get("six")
+    assert six is not None, "six is in Pyodide's lock file"
+    built = build_wheel(tmp_path, "six", "MARKER = 'built by the tests'", version="1.17.0")
+    built.replace(folders.packages / six.file_name)
+    result = await call(client, "import six\nsix.MARKER")
+    assert result["result"] == "'built by the tests'" and result["notes"] == [], result
+
+
 async def test_a_missing_pyodide_package_says_how_to_get_it(client: Client, backend: str) -> None:
     needs_pyodide(backend, "the CPython backends import only what the host has installed")
     result = await call(client, "import numpy")
     assert result["error_type"] == "ModuleNotFoundError"
-    assert any("mcp-sandbox fetch --packages" in note for note in result["notes"]), result["notes"]
+    # One note, the host's, with the fix (the default packages are off in tests): not Pyodide's own
+    # complaint about each file it could not find.
+    [note] = result["notes"]
+    assert note.startswith("numpy is in the Pyodide distribution but not in the packages folder"), note
+    assert "`mcp-sandbox fetch --packages numpy`" in note and "subprocess backend" in note
+
+
+async def test_a_package_the_host_lacks_says_how_to_get_it(client: Client, backend: str) -> None:
+    if backend == "pyodide":
+        pytest.skip("CPython backends only: they import what the server's Python has")
+    if importlib.util.find_spec("bs4") is not None:
+        pytest.skip("this host has beautifulsoup4 installed")
+    if cached_pyodide_lock(Settings().cache_dir).get("beautifulsoup4") is None:
+        pytest.skip("Pyodide's lock file is not in the cache (a pyodide test fetches it)")
+    result = await call(client, "from bs4 import BeautifulSoup")
+    assert result["error_type"] == "ModuleNotFoundError"
+    [note] = result["notes"]
+    assert note.startswith("beautifulsoup4 is not installed in the server's Python"), note
+    assert "-m pip install beautifulsoup4" in note and "pyodide backend" in note
 
 
 async def test_a_long_execution_reports_progress(client: Client) -> None:

@@ -88,3 +88,29 @@ def test_a_line_nested_thousands_deep_is_refused_not_raised() -> None:
 def test_a_session_id_must_match_whole(session_id: str) -> None:
     with pytest.raises(InvalidRequest, match="session_id"):
         check_request(Settings(), "1", session_id, None)
+
+
+def test_the_default_packages_are_what_people_expect(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MCP_SANDBOX_DEFAULT_PACKAGES", raising=False)  # tests turn them off
+    settings = Settings(_env_file=None)
+    assert settings.default_package_names == ["numpy", "pandas", "matplotlib"]
+    assert settings.package_index_url is None, "None: the Pyodide CDN for the pinned version"
+    assert Settings(default_packages=" numpy , pandas,").default_package_names == ["numpy", "pandas"]
+    assert Settings(default_packages="").default_package_names == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("default_packages", "numpy,../evil"),
+        ("default_packages", "a b"),
+        ("package_index_url", "ftp://mirror/"),
+    ],
+)
+def test_bad_package_settings_are_refused(setting: str, value: str) -> None:
+    with pytest.raises(ValueError, match=setting):
+        Settings(**{setting: value})
+
+
+def test_the_index_url_is_a_folder() -> None:
+    assert Settings(package_index_url="http://mirror/pyodide").package_index_url == "http://mirror/pyodide/"

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import ClassVar
 
@@ -35,6 +36,7 @@ from mcp_sandbox.backends.process import (
     ProcessExecutor,
     start_process_executor,
 )
+from mcp_sandbox.packages import DefaultPackages, FetchStopped, Lock, PackageSource, default_index_url
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -91,6 +93,7 @@ class PyodideBackend(Backend):
         self._pyodide_dir: Path | None = None
         self._snapshot: Path | None = None
         self._build: str | None = None
+        self._packages: DefaultPackages | None = None
 
     def _sandbox_env(self) -> dict[str, str]:
         # The sandbox process gets a bare environment: nothing of the host's reaches even the runner.
@@ -128,6 +131,7 @@ class PyodideBackend(Backend):
         self._pyodide_dir = found[0]
         self._snapshot = await self._make_snapshot()
         self._build = self._build_id()
+        self._packages = self._default_packages()
         logger.info(
             "Pyodide %s ready in %s, runner in %s%s",
             self._version,
@@ -185,6 +189,48 @@ class PyodideBackend(Backend):
             )
         partial.unlink(missing_ok=True)
         return None
+
+    @property
+    def index_url(self) -> str:
+        return self._settings.package_index_url or default_index_url(self._version)
+
+    def package_source(self) -> PackageSource:
+        """Pyodide's lock file (which came through npm's integrity check) over the index's, and the
+        packages folder."""
+        bundled = Lock.read(self.lock_file())
+        return PackageSource(bundled, self._settings.packages_folder, self.index_url)
+
+    def _default_packages(self) -> DefaultPackages:
+        folder, names = self._settings.packages_folder, self._settings.default_package_names
+        try:
+            # Made before any sandbox starts: a sandbox is given the folder only if it exists, and
+            # then sees the packages that arrive in it later.
+            if names:
+                folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            logger.warning(
+                "no packages folder %s (%s): imports load only the standard library", folder, error
+            )
+        return DefaultPackages(self.package_source(), names)
+
+    def start_background_work(self) -> None:
+        if self._packages is not None and self._packages.names and self._settings.packages_folder.is_dir():
+            self._task_group.start_soon(self._fetch_default_packages, self._packages)
+
+    async def _fetch_default_packages(self, packages: DefaultPackages) -> None:
+        stop = threading.Event()
+        try:
+            # Abandoned at shutdown: `stop` makes the thread drop its partial file and end.
+            await anyio.to_thread.run_sync(packages.fetch, stop, abandon_on_cancel=True)
+        except FetchStopped:
+            pass
+        except Exception:  # a fetch must never take the server down with it
+            logger.exception("fetching the default packages failed")
+        finally:
+            stop.set()
+
+    def import_note(self, module: str) -> str | None:
+        return self._packages.import_note(module) if self._packages is not None else None
 
     def lock_file(self) -> Path:
         """Pyodide's lock file: every package of its distribution, with dependencies and sha256."""
@@ -255,8 +301,14 @@ class PyodideBackend(Backend):
     def describe(self) -> str:
         return (
             f"Pyodide {self._version} (CPython in WebAssembly, in Deno): {self._network()}, no host files "
-            "or environment variables."
+            f"or environment variables. {self._importable()}"
         )
+
+    def _importable(self) -> str:
+        names = self._packages.importable() if self._packages is not None else []
+        if not names:
+            return "It imports the standard library only."
+        return f"It imports the standard library and {', '.join(names)} (from its packages folder)."
 
     def _network(self) -> str:
         allowed = self._settings.allow_net

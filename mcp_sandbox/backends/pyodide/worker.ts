@@ -233,11 +233,21 @@ function wheelsInFolder(): Map<string, string> {
   return wheels;
 }
 
+// Pyodide reports a package it could not load as two lines: this header, then the error.
+const LOAD_FAILED = /^The following error occurred while loading (.+):$/;
+
 async function loadImports(code: string): Promise<string[]> {
   // Only an import statement can need a package: most programs skip the parse altogether.
   if (packagesDir === null || !code.includes("import")) return [];
   const problems: string[] = [];
-  const quiet = { messageCallback: () => {}, errorCallback: (text: string) => problems.push(text) };
+  let loading = "";
+  const onError = (text: string) => {
+    const header = LOAD_FAILED.exec(text);
+    if (header) loading = `${header[1]}: `;
+    // A file not in the folder (yet) is the host's to explain: it knows what is being fetched.
+    else if (!text.includes("ENOENT")) problems.push(loading + text);
+  };
+  const quiet = { messageCallback: () => {}, errorCallback: onError };
   try {
     const found = findImports!(code) as { toJs(): string[]; destroy(): void };
     const names = found.toJs();
@@ -245,7 +255,11 @@ async function loadImports(code: string): Promise<string[]> {
     // A module the session has imported already needs no package.
     if (names.every((name) => importedModules!.has(name.split(".")[0]))) return [];
     await withRealPaths(() => pyodide.loadPackagesFromImports(code, quiet));
-    const wanted = names.map((name) => normalize(name.split(".")[0])).filter((n) => !loadedWheels.has(n));
+    // Pyodide's own packages were loaded just above, by its lock file: loading their files again
+    // as wheels would only earn a note ("URI mismatch ... already loaded").
+    const loaded = new Set(Object.keys(pyodide.loadedPackages).map(normalize));
+    const wanted = names.map((name) => normalize(name.split(".")[0]))
+      .filter((n) => !loadedWheels.has(n) && !loaded.has(n));
     if (wanted.length) {
       const wheels = wheelsInFolder();
       for (const name of wanted) {
@@ -258,9 +272,7 @@ async function loadImports(code: string): Promise<string[]> {
   } catch (error) {
     problems.push(String(error));
   }
-  return problems.map((text) =>
-    `package loading: ${scrub(text)} (fill the packages folder with \`mcp-sandbox fetch --packages NAME\`)`
-  );
+  return problems.map((text) => `package loading: ${scrub(text)}`);
 }
 
 // Installs the guest's modules (mcp_sandbox.protocol, then the guest runtime) from their source,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -49,6 +50,7 @@ from mcp_sandbox.backends.subprocess.isolation import (
     kill_processes_of,
     python_readable_by_anyone,
 )
+from mcp_sandbox.packages import Lock, cached_pyodide_lock, host_import_note, host_importable
 from mcp_sandbox.protocol import CHECKPOINT_FOLDER, DATA_DIR, GuestFile, ProcessLimits
 from mcp_sandbox.result import read_file_inside, read_output_file
 from mcp_sandbox.settings import Settings
@@ -270,11 +272,17 @@ class SubprocessBackend(Backend):
 
     def describe(self) -> str:
         return (
-            f"Python {sys.version.split()[0]} runs in a separate CPython process with the server's "
-            f"packages (numpy and pandas where installed), limited to {self._settings.memory_mb} MB of "
-            f"memory, with an empty environment and a private working directory, "
-            f"{self.isolation.describe()}."
+            f"Python {sys.version.split()[0]} runs in a separate CPython process, limited to "
+            f"{self._settings.memory_mb} MB of memory, with an empty environment and a private working "
+            f"directory, {self.isolation.describe()}. {host_importable()}"
         )
+
+    @functools.cached_property
+    def _pyodide_lock(self) -> Lock:
+        return cached_pyodide_lock(self._settings.cache_dir)
+
+    def import_note(self, module: str) -> str | None:
+        return host_import_note(module, self._pyodide_lock)
 
 
 def _worker_uids(spec: str) -> WorkerUids:
