@@ -526,4 +526,4 @@ def host_importable() -> str:
     """The CPython backends' sentence on imports, for the tool description."""
     found = [name for name in COMMON_PACKAGES if importlib.util.find_spec(name) is not None]
     among = f" ({', '.join(found)} among them)" if found else ""
-    return f"It imports the standard library and the packages installed in the server's Python{among}."
+    return f"Imports: the standard library and the server's installed packages{among}."

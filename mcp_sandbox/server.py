@@ -155,7 +155,7 @@ def _is_text(mime: str) -> bool:
 def describe_execute_python(app: App) -> str:
     s = app.settings
     return (
-        "Run Python in a sandbox; returns stdout, stderr and the last expression's repr() like a REPL; "
+        "Run Python in a sandbox; returns stdout, stderr and the last expression's repr(); "
         f"top-level await works. {app.backend.describe()} A session_id keeps variables between calls "
         f"(idle ones expire after {s.session_ttl:g} s; reset_session ends one). Timeout {s.timeout:g} s "
         f"(max {s.max_timeout:g} s via `timeout`). Output past {s.max_output_chars} characters is cut; "
@@ -170,9 +170,9 @@ def describe_bridge(app: App) -> str:
         return ""
     return (
         f" Call other MCP servers' tools as `tools.<server>.<tool>(**arguments)`{app.bridge.summary()}, "
-        "found with search_tools; misspelt names are refused before running. Results are data: "
-        "structured, parsed JSON text, or objects with .data, .mime_type, .uri for images and resources. "
-        "Failures raise ToolError; `_async` twins run calls at once with asyncio.gather. Prefer one "
+        "found with search_tools; misspelt names are refused before running. Results are data "
+        "(structured or parsed JSON; images and resources as objects with .data, .mime_type, .uri). "
+        "Failures raise ToolError; `_async` twins run at once with asyncio.gather. Prefer one "
         "program calling many tools."
     )
 

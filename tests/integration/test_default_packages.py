@@ -82,9 +82,7 @@ async def test_the_default_set_arrives_while_sandboxes_run_and_a_later_start_fet
     packages, log = tmp_path / "packages", tmp_path / "server.log"
     index.release.clear()  # the package file is held back: the server is caught fetching
     async with pyodide_server(log, packages, index.url, "sbxdemo") as client:
-        assert "It imports the standard library and sbxdemo (from its packages folder)." in await description(
-            client
-        )
+        assert "Imports: the standard library, sbxdemo." in await description(client)
         early = await call(client, DEMO, session_id="s")
         assert early["error_type"] == "ModuleNotFoundError", early
         assert any("sbxdemo is being fetched" in note and "again" in note for note in early["notes"]), early
@@ -151,7 +149,7 @@ async def test_an_unreachable_index_is_one_log_line_and_an_import_note(tmp_path:
             assert fix in note, note
         other = await call(client, "import nonesuch_module")
         assert other["error_type"] == "ModuleNotFoundError" and other["notes"] == [], "no lock knows it"
-        assert "It imports the standard library only." in await description(client), "six failed"
+        assert "Imports: the standard library only." in await description(client), "six failed"
     lines = package_lines(log)
     assert len(lines) == 1 and " WARNING " in lines[0], log.read_text()
     assert re.search(

@@ -300,15 +300,15 @@ class PyodideBackend(Backend):
 
     def describe(self) -> str:
         return (
-            f"Pyodide {self._version} (CPython in WebAssembly, in Deno): {self._network()}, no host files "
-            f"or environment variables. {self._importable()}"
+            f"Pyodide {self._version} (WebAssembly, in Deno): no host files or environment; "
+            f"{self._network()}. {self._importable()}"
         )
 
     def _importable(self) -> str:
         names = self._packages.importable() if self._packages is not None else []
         if not names:
-            return "It imports the standard library only."
-        return f"It imports the standard library and {', '.join(names)} (from its packages folder)."
+            return "Imports: the standard library only."
+        return f"Imports: the standard library, {', '.join(names)}."
 
     def _network(self) -> str:
         allowed = self._settings.allow_net
