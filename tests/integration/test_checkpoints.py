@@ -123,6 +123,24 @@ async def test_what_a_session_holds_survives(client: Client, backend: str) -> No
         assert "cannot be pickled" in notes and "counting" in notes and "left_open" in notes, killed
 
 
+async def test_a_session_whose_memory_grew_comes_back_whole(tmp_path: Path, backend: str) -> None:
+    if backend != "pyodide":
+        pytest.skip("pyodide: a restoring sandbox's memory must grow to the session's size first")
+    # 40 MB: past a clean Pyodide's whole memory (20 MB on 0.29, 30 MB on 314). Restoring it used to
+    # time out after 20 s and lose the session. Its own server: the module's has a 256 MB limit.
+    grow = (
+        "import hashlib\nbig = bytearray(range(256)) * (40 * 4096)\ndigest = hashlib.sha256(big).hexdigest()"
+    )
+    params = server_params(MCP_SANDBOX_BACKEND=backend, MCP_SANDBOX_STATE_DIR=str(tmp_path / "state"))
+    async with Client(params) as client:
+        await checkpointed(client, grow, "grown")
+        with anyio.fail_after(15):
+            killed = await call(client, CRASH, session_id="grown")
+        assert killed["session_restored"] is True and killed["session_lost"] is False, killed
+        after = await call(client, "len(big), hashlib.sha256(big).hexdigest() == digest", session_id="grown")
+        assert after["result"] == f"({40 * 2**20}, True)", after
+
+
 async def test_files_in_tmp_survive_on_pyodide(client: Client, backend: str) -> None:
     if backend != "pyodide":
         pytest.skip(

@@ -285,12 +285,11 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
     }
   }
   for (const value of immortals.slice(interned - clean.immortals)) module.__hiwire_immortal_add(value);
-  // Grown the way the runtime grows it, so every view of the memory sees the new size.
-  while (module.HEAP8.length < header.memory) {
-    const pointer = module._malloc(header.memory - module.HEAP8.length);
-    if (!pointer) return `memory could not grow to ${header.memory} bytes`;
-    module._free(pointer);
-  }
+  // Grown by the runtime's own growMemory, so every view of the memory sees the new size. (Not by
+  // malloc: a block freed after a growth that fell short is handed back to the next malloc without
+  // growing, and Pyodide 0.29 has no _malloc on its module.) The allocator's state is in the pages.
+  if (module.HEAP8.length < header.memory) module.growMemory(header.memory);
+  if (module.HEAP8.length < header.memory) return `memory could not grow to ${header.memory} bytes`;
   const heap = new Uint8Array(module.HEAP8.buffer);
   heap.set(clean.memory);
   heap.fill(0, clean.memory.length);

@@ -42,8 +42,8 @@ type EmscriptenFS = {
 };
 type Module = {
   HEAP8: Int8Array;
-  _malloc(size: number): number;
-  _free(pointer: number): void;
+  // Emscripten's: grows the memory to `size` bytes (64 KB pages) and renews every view of it.
+  growMemory(size: number): number | undefined;
   stackSave(): number;
   stackRestore(pointer: number): void;
   __hiwire_get(index: number): unknown;

@@ -490,7 +490,12 @@ function checkpoint(message: WorkerCheckpoint): void {
       names.destroy();
     }
   };
-  const outcome = clean === null ? { saved: false as const, reason: "the sandbox has no clean state" } : takeCheckpoint(clean, holders);
+  let outcome: ReturnType<typeof takeCheckpoint>;
+  try {
+    outcome = clean === null ? { saved: false, reason: "the sandbox has no clean state" } : takeCheckpoint(clean, holders);
+  } catch (error) {
+    outcome = { saved: false, reason: `the checkpoint failed: ${scrub(String(error))}` }; // answered, not left waiting
+  }
   const reply: CheckpointedMessage = {
     type: "checkpointed",
     id: message.id,
@@ -511,7 +516,14 @@ function restore(message: WorkerRestore): void {
   let reason: string | null;
   if (clean === null) reason = "the sandbox has no clean state";
   else if (ranSinceClean) reason = "the sandbox has run a program since it was clean";
-  else reason = restoreCheckpoint(clean, message.blob as Uint8Array);
+  else {
+    try {
+      reason = restoreCheckpoint(clean, message.blob as Uint8Array);
+    } catch (error) {
+      // Answered at once (the host closes a sandbox whose restore failed), not left to time out.
+      reason = `the checkpoint could not be restored: ${scrub(String(error))}`;
+    }
+  }
   if (reason === null) ranSinceClean = true;
   const reply: RestoredMessage = {
     type: "restored",
