@@ -5,4 +5,10 @@ import { loadPyodide } from "pyodide";
 import { PYODIDE_OPTIONS } from "./options.ts";
 
 const pyodide = await loadPyodide({ ...PYODIDE_OPTIONS, _makeSnapshot: true });
-Deno.writeFileSync(Deno.args[0], pyodide.makeMemorySnapshot());
+const snapshot = pyodide.makeMemorySnapshot();
+Deno.writeFileSync(Deno.args[0], snapshot);
+// Pyodide 314 restores a snapshot only into its initial memory (30 MB), and a larger one fails with
+// "offset is out of bounds" (pyodide#6254): a snapshot that does not load is refused here (a failed
+// exit; the host then deletes the file), so that sandboxes load Pyodide from scratch instead of
+// failing to start at all.
+await loadPyodide({ ...PYODIDE_OPTIONS, _loadSnapshot: snapshot });
