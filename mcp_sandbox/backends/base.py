@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Protocol
 import anyio
 import anyio.abc
 
+from mcp_sandbox.packages import Lock, cached_pyodide_lock, host_import_note
 from mcp_sandbox.protocol import (
     DATA_DIR,
     OUTPUT_DIR,
@@ -393,6 +394,18 @@ class Backend(ABC):
         # Only a missing top-level module is a missing package: 'pandas.nope' means pandas is there.
         note = self.import_note(module) if module is not None and "." not in module else None
         return [note] if note else []
+
+
+class HostPythonBackend(Backend):
+    """A backend that runs the server's own Python: a failed import's note says how to install the
+    package, or that the pyodide backend has it."""
+
+    @functools.cached_property
+    def _pyodide_lock(self) -> Lock:
+        return cached_pyodide_lock(self._settings.cache_dir)
+
+    def import_note(self, module: str) -> str | None:
+        return host_import_note(module, self._pyodide_lock)
 
 
 #: The message of a ModuleNotFoundError, as the guest's traceback ends.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import ctypes
-import functools
 import itertools
 import json
 import logging
@@ -33,14 +32,14 @@ import anyio
 
 from mcp_sandbox.backends import guest
 from mcp_sandbox.backends.base import (
-    Backend,
     Executor,
     ExecutorHooks,
     ExecutorLimits,
+    HostPythonBackend,
     SandboxDied,
     prepare_workspace,
 )
-from mcp_sandbox.packages import Lock, cached_pyodide_lock, host_import_note, host_importable
+from mcp_sandbox.packages import host_importable
 from mcp_sandbox.protocol import GuestFile, GuestOutcome, reply_error
 from mcp_sandbox.result import GUEST_OUTCOME, read_output_file
 from mcp_sandbox.settings import Settings
@@ -300,7 +299,7 @@ class InProcessExecutor(Executor):
                 self._task = None
 
 
-class InProcessBackend(Backend):
+class InProcessBackend(HostPythonBackend):
     name: ClassVar[str] = "inprocess"
 
     def __init__(self, settings: Settings, hooks: ExecutorHooks) -> None:
@@ -331,10 +330,3 @@ class InProcessBackend(Backend):
             "backend, for trusted code only): it is not isolated from the host's files, network or "
             f"environment. {host_importable()}"
         )
-
-    @functools.cached_property
-    def _pyodide_lock(self) -> Lock:
-        return cached_pyodide_lock(self._settings.cache_dir)
-
-    def import_note(self, module: str) -> str | None:
-        return host_import_note(module, self._pyodide_lock)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -25,11 +24,11 @@ import anyio
 import anyio.abc
 
 from mcp_sandbox.backends.base import (
-    Backend,
     Checkpoint,
     Executor,
     ExecutorHooks,
     ExecutorLimits,
+    HostPythonBackend,
     SandboxStartError,
     prepare_workspace,
 )
@@ -50,7 +49,7 @@ from mcp_sandbox.backends.subprocess.isolation import (
     kill_processes_of,
     python_readable_by_anyone,
 )
-from mcp_sandbox.packages import Lock, cached_pyodide_lock, host_import_note, host_importable
+from mcp_sandbox.packages import host_importable
 from mcp_sandbox.protocol import CHECKPOINT_FOLDER, DATA_DIR, GuestFile, ProcessLimits
 from mcp_sandbox.result import read_file_inside, read_output_file
 from mcp_sandbox.settings import Settings
@@ -64,7 +63,7 @@ WORKER_ENV = {"LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS":
 logger = logging.getLogger(__name__)
 
 
-class SubprocessBackend(Backend):
+class SubprocessBackend(HostPythonBackend):
     name: ClassVar[str] = "subprocess"
     saves_sessions: ClassVar[bool] = True
 
@@ -276,13 +275,6 @@ class SubprocessBackend(Backend):
             f"{self._settings.memory_mb} MB of memory, with an empty environment and a private working "
             f"directory, {self.isolation.describe()}. {host_importable()}"
         )
-
-    @functools.cached_property
-    def _pyodide_lock(self) -> Lock:
-        return cached_pyodide_lock(self._settings.cache_dir)
-
-    def import_note(self, module: str) -> str | None:
-        return host_import_note(module, self._pyodide_lock)
 
 
 def _worker_uids(spec: str) -> WorkerUids:
