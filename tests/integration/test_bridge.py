@@ -324,3 +324,28 @@ async def test_an_upstream_that_goes_down_is_named_with_when_it_was_last_reachab
     assert "upstream 'doomed' is down" in error, error
     assert "last reachable at" in error and "s ago" in error, error
     assert f"calls may take {CALL_TIMEOUT} s" in error and "MCP_SANDBOX_BRIDGE_CALL_TIMEOUT" in error, error
+
+
+async def test_a_recycled_sandbox_delivers_async_tool_results_again(backend: str, tmp_path: Path) -> None:
+    """Pyodide caches the proxy of `channel.deliver` in JavaScript, which a recycle does not copy
+    back: read first after the clean point, it outlived its object, and a recycled sandbox's next
+    `_async` call died ('function signature mismatch'). Each round lands in the recycled sandbox."""
+    if backend != "pyodide":
+        pytest.skip("pyodide only: only Pyodide sandboxes are recycled")
+    config = tmp_path / "upstreams.json"
+    config.write_text(json.dumps({"mcpServers": {"calc": stdio_upstream("recycled")}}))
+    params = server_params(
+        MCP_SANDBOX_BACKEND="pyodide", MCP_SANDBOX_POOL_SIZE="1", MCP_SANDBOX_BRIDGE_CONFIG=str(config)
+    )
+    which = "import js\nprint(js.performance.timeOrigin)\n"
+    served: dict[str, int] = {}
+    async with Client(params) as client:
+        for _ in range(4):
+            gathered = "import asyncio\n(await asyncio.gather(tools.calc.add_async(a=1, b=2)))[0]"
+            called = await call(client, which + gathered)
+            assert called["success"] is True and called["result"] == "{'sum': 3}", called
+            served[called["stdout"]] = served.get(called["stdout"], 0) + 1
+            # Objects made after the clean point take the freed memory the stale proxy points to.
+            churned = await call(client, which + "keep = [str(i) * 3 for i in range(20000)]\nlen(keep)")
+            assert churned["success"] is True, churned
+    assert max(served.values()) >= 2, f"no sandbox was recycled after a tool call: {served}"

@@ -37,14 +37,16 @@ import {
 
 type PyCallable = ((...args: unknown[]) => unknown) & { destroy?: () => void };
 // The guest's ToolChannel, which JavaScript hands each tool_result to.
-type PyChannel = { deliver(call: number, reply: string): void };
+type PyChannel = { deliver: PyCallable };
 type PyModule = { [name: string]: PyCallable } & { destroy(): void };
 
 let pyodide: PyodideInterface;
 let interpreter: unknown;
 let runJson: PyCallable;
 let jitWarmUp: PyCallable;
-let channel: PyChannel;
+// Taken before the clean point: Pyodide caches the proxy an attribute read makes (in JS, which a
+// recycle does not copy back), so a first `channel.deliver` read after it would outlive its object.
+let deliver: PyCallable;
 let interruptBuffer: Uint8Array;
 let currentId: number | null = null;
 let clean: CleanState | null = null;
@@ -71,12 +73,7 @@ let syncState: Int32Array;
 let syncData: SharedArrayBuffer;
 const decoder = new TextDecoder();
 
-// A sandbox that called a bridged tool is replaced, not recycled: recycled ones that had were seen
-// to die ("memory access out of bounds") on a later session's interrupted tool call. Not understood.
-const CALLED_A_TOOL = "it called a bridged tool";
-
 function blockOnToolCall(call: number, message: string): string {
-  taint(CALLED_A_TOOL);
   if (Atomics.load(interruptBuffer, 0) !== 0) {
     // Interrupted already (the deadline passed inside C code): the call is never made.
     interruptBuffer[0] = 0;
@@ -321,7 +318,8 @@ async function init(message: WorkerInit): Promise<void> {
   // Loaded under its dotted name without its parent packages, so it is found in sys.modules.
   const guest = sys.modules.get(GUEST_RUNTIME_MODULE) as PyModule;
   const sendToHost = (json: string) => post(null, json);
-  channel = guest.ToolChannel(sendToHost, blockOnToolCall) as PyChannel;
+  const channel = guest.ToolChannel(sendToHost, blockOnToolCall) as PyChannel;
+  deliver = channel.deliver;
   const limits = pyodide.toPy(message.limits as GuestLimits);
   // The host cannot read this sandbox's files: output files travel inline.
   interpreter = guest.Interpreter(limits, channel, true);
@@ -612,8 +610,7 @@ function enqueue(message: Exclude<WorkerMessage, { type: "tool_result" }> | Cont
 self.onmessage = (event: MessageEvent<WorkerMessage>) => {
   const message = event.data;
   if (message.type === "tool_result") {
-    taint(CALLED_A_TOOL);
-    channel.deliver(message.call, message.reply);
+    deliver(message.call, message.reply);
   } else if (message.type === "init") {
     // Taken before any sandboxed code runs, and kept only here (see ControlRequest in protocol.py).
     control = message.control;
