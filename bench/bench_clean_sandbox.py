@@ -3,9 +3,11 @@
 Run from the repository root:  .venv/bin/python bench/bench_clean_sandbox.py [--json PATH]
                                [--configs pyodide,pyodide-new-process,subprocess]
 
-Each configuration gets its own server process. `pyodide` recycles a used sandbox in place (the
-default); `pyodide-new-process` is the same server with MCP_SANDBOX_RECYCLE=false, which is how
-every session-less call was served before: a new Deno process each. About 4 minutes.
+Each configuration gets its own server process, bridging bench/fast_upstream.py as `calc`; the
+session-less calls run twice, plain and with two bridged tool calls (one blocking, one `_async`).
+`pyodide` recycles a used sandbox in place (the default); `pyodide-new-process` is the same server
+with MCP_SANDBOX_RECYCLE=false, which is how every session-less call was served before: a new Deno
+process each. About 5 minutes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,12 @@ SERVER_ENV = {
 }
 SESSIONLESS_CALLS = 60
 CODE = "x = sum(range(1000))\nx"
+#: The same, through the tool bridge: one blocking call and one `_async` call to a microsecond upstream.
+BRIDGED_CODE = (
+    "import asyncio\n(tools.calc.add(a=1, b=2), (await asyncio.gather(tools.calc.add_async(a=2, b=2)))[0])"
+)
+BRIDGED_RESULT = "({'sum': 3}, {'sum': 4})"
+UPSTREAM = {"command": sys.executable, "args": [str(Path(__file__).resolve().parent / "fast_upstream.py")]}
 POOL_SETTLE_S = 25.0  # eight Pyodide sandboxes starting on two cores
 #: The mixed load: clients at once, calls each, over streamable HTTP.
 MIXED_CLIENTS, MIXED_CALLS = 16, 20
@@ -74,24 +83,31 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def sessionless(client: Client, server: int) -> dict[str, Any]:
-    for _ in range(3):  # the first calls compile what later calls reuse
-        await client.call_tool("execute_python", {"code": CODE})
+    for code in (CODE, BRIDGED_CODE) * 2:  # the first calls compile what later calls reuse
+        await client.call_tool("execute_python", {"code": code})
     await anyio.sleep(POOL_SETTLE_S)
-    samples = []
-    cpu_before, started = cpu_seconds(server), time.perf_counter()
-    for _ in range(SESSIONLESS_CALLS):
-        began = time.perf_counter()
-        response = await client.call_tool("execute_python", {"code": CODE})
-        samples.append((time.perf_counter() - began) * 1000)
-        assert response.structured_content and response.structured_content["result"] == "499500", response
-    elapsed = time.perf_counter() - started
-    cpu = cpu_seconds(server) - cpu_before
-    return {
-        "sessionless_calls_per_s": SESSIONLESS_CALLS / elapsed,
-        "sessionless_p50_ms": statistics.median(samples),
-        "sessionless_p99_ms": percentile(samples, 99),
-        "sessionless_cpu_ms_per_call": cpu * 1000 / SESSIONLESS_CALLS,
-    }
+    row: dict[str, Any] = {}
+    for prefix, code, expected in (
+        ("sessionless", CODE, "499500"),
+        ("bridged", BRIDGED_CODE, BRIDGED_RESULT),
+    ):
+        samples = []
+        cpu_before, started = cpu_seconds(server), time.perf_counter()
+        for _ in range(SESSIONLESS_CALLS):
+            began = time.perf_counter()
+            response = await client.call_tool("execute_python", {"code": code})
+            samples.append((time.perf_counter() - began) * 1000)
+            assert response.structured_content and response.structured_content["result"] == expected, response
+        elapsed = time.perf_counter() - started
+        cpu = cpu_seconds(server) - cpu_before
+        row |= {
+            f"{prefix}_calls_per_s": SESSIONLESS_CALLS / elapsed,
+            f"{prefix}_p50_ms": statistics.median(samples),
+            f"{prefix}_p99_ms": percentile(samples, 99),
+            f"{prefix}_cpu_ms_per_call": cpu * 1000 / SESSIONLESS_CALLS,
+        }
+        await anyio.sleep(POOL_SETTLE_S / 5)  # sandboxes replaced in the first phase start again
+    return row
 
 
 def mixed_call(client_index: int, call: int) -> tuple[str, dict[str, Any]]:
@@ -158,9 +174,10 @@ async def mixed(url: str) -> dict[str, Any]:
     }
 
 
-async def measure_config(name: str) -> dict[str, Any]:
+async def measure_config(name: str, bridge_config: Path) -> dict[str, Any]:
     marker = f"MCP_SANDBOX_BENCH_MARKER={os.getpid()}-{name}"
     env = {**os.environ, **SERVER_ENV, **CONFIGS[name], marker.split("=")[0]: marker.split("=")[1]}
+    env["MCP_SANDBOX_BRIDGE_CONFIG"] = str(bridge_config)
     params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_sandbox"], env=env)
     with anyio.fail_after(PHASE_LIMIT_S):
         async with Client(params) as client:
@@ -197,6 +214,10 @@ ROWS = [
     ("  p50", "sessionless_p50_ms", "{:,.1f} ms"),
     ("  p99", "sessionless_p99_ms", "{:,.1f} ms"),
     ("  CPU per call (server + sandboxes)", "sessionless_cpu_ms_per_call", "{:,.1f} ms"),
+    ("the same with two bridged tool calls", "bridged_calls_per_s", "{:,.1f}/s"),
+    ("  p50", "bridged_p50_ms", "{:,.1f} ms"),
+    ("  p99", "bridged_p99_ms", "{:,.1f} ms"),
+    ("  CPU per call (server + sandboxes)", "bridged_cpu_ms_per_call", "{:,.1f} ms"),
     (f"mixed load, {MIXED_CLIENTS} clients x {MIXED_CALLS} calls", "mixed_calls_per_s", "{:,.1f}/s"),
     ("  p50", "mixed_p50_ms", "{:,.1f} ms"),
     ("  p99", "mixed_p99_ms", "{:,.1f} ms"),
@@ -227,9 +248,12 @@ async def measure(configs: list[str]) -> dict[str, Any]:
         "platform": platform.platform(),
         "configs": {},
     }
-    for name in configs:
-        print(f"measuring {name} ...", file=sys.stderr)
-        results["configs"][name] = await measure_config(name)
+    with tempfile.TemporaryDirectory() as folder:
+        bridge_config = Path(folder) / "upstreams.json"
+        bridge_config.write_text(json.dumps({"mcpServers": {"calc": UPSTREAM}}))
+        for name in configs:
+            print(f"measuring {name} ...", file=sys.stderr)
+            results["configs"][name] = await measure_config(name, bridge_config)
     return results
 
 
