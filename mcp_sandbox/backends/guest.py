@@ -778,6 +778,11 @@ def interrupted_outcome(error: BaseException) -> GuestOutcome:
     }
 
 
+def deliver(channel: ToolChannel, call: int, reply: str) -> None:
+    """`channel.deliver`, for runners that must not read a method off a proxy (see worker.ts)."""
+    channel.deliver(call, reply)
+
+
 def run_json(interpreter: Interpreter, code: str, tools_manifest: str | None = None) -> str | Any:
     """A run for runners that speak JSON: the outcome as JSON text, or an awaitable of it."""
     if tools_manifest is not None:

@@ -37,16 +37,16 @@ import {
 
 type PyCallable = ((...args: unknown[]) => unknown) & { destroy?: () => void };
 // The guest's ToolChannel, which JavaScript hands each tool_result to.
-type PyChannel = { deliver: PyCallable };
 type PyModule = { [name: string]: PyCallable } & { destroy(): void };
 
 let pyodide: PyodideInterface;
 let interpreter: unknown;
 let runJson: PyCallable;
 let jitWarmUp: PyCallable;
-// Taken before the clean point: Pyodide caches the proxy an attribute read makes (in JS, which a
-// recycle does not copy back), so a first `channel.deliver` read after it would outlive its object.
+// A module function taking the channel, never `channel.deliver`: Pyodide caches the proxy of a bound
+// method in JavaScript, which neither a recycle nor a checkpoint's restore brings back with memory.
 let deliver: PyCallable;
+let channel: unknown;
 let interruptBuffer: Uint8Array;
 let currentId: number | null = null;
 let clean: CleanState | null = null;
@@ -318,8 +318,8 @@ async function init(message: WorkerInit): Promise<void> {
   // Loaded under its dotted name without its parent packages, so it is found in sys.modules.
   const guest = sys.modules.get(GUEST_RUNTIME_MODULE) as PyModule;
   const sendToHost = (json: string) => post(null, json);
-  const channel = guest.ToolChannel(sendToHost, blockOnToolCall) as PyChannel;
-  deliver = channel.deliver;
+  channel = guest.ToolChannel(sendToHost, blockOnToolCall);
+  deliver = guest.deliver;
   const limits = pyodide.toPy(message.limits as GuestLimits);
   // The host cannot read this sandbox's files: output files travel inline.
   interpreter = guest.Interpreter(limits, channel, true);
@@ -610,7 +610,7 @@ function enqueue(message: Exclude<WorkerMessage, { type: "tool_result" }> | Cont
 self.onmessage = (event: MessageEvent<WorkerMessage>) => {
   const message = event.data;
   if (message.type === "tool_result") {
-    deliver(message.call, message.reply);
+    deliver(channel, message.call, message.reply);
   } else if (message.type === "init") {
     // Taken before any sandboxed code runs, and kept only here (see ControlRequest in protocol.py).
     control = message.control;
