@@ -36,7 +36,6 @@ import {
 } from "./protocol.ts";
 
 type PyCallable = ((...args: unknown[]) => unknown) & { destroy?: () => void };
-// The guest's ToolChannel, which JavaScript hands each tool_result to.
 type PyModule = { [name: string]: PyCallable } & { destroy(): void };
 
 let pyodide: PyodideInterface;
@@ -46,7 +45,7 @@ let jitWarmUp: PyCallable;
 // A module function taking the channel, never `channel.deliver`: Pyodide caches the proxy of a bound
 // method in JavaScript, which neither a recycle nor a checkpoint's restore brings back with memory.
 let deliver: PyCallable;
-let channel: unknown;
+let channel: unknown; // the guest's ToolChannel, which each tool_result goes to through `deliver`
 let interruptBuffer: Uint8Array;
 let currentId: number | null = null;
 let clean: CleanState | null = null;
