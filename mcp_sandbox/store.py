@@ -9,6 +9,10 @@ a crash or a full disk never leaves a half-written file in its place. Files are 
 Instances that share the folder (a volume several servers mount) take a lease on a session
 before they run it, so two never run one session at once; a lease not renewed runs out, so a
 dead instance's sessions move to the next instance that is asked for them.
+
+Beside its checkpoint, every session that ran has a record: the number of its latest call, written
+before that call's result is sent. A checkpoint older than the record, or a record with no
+checkpoint, is state a caller saw and a restore cannot bring back, so the next result says so.
 """
 
 from __future__ import annotations
@@ -103,6 +107,24 @@ class SavedState:
     lost: tuple[str, ...] = ()
 
 
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    #: The session's latest call that ran to an end (0: none since it started fresh).
+    call: int = Field(ge=0)
+    #: The instance that ran it.
+    owner: str
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """What the store knows of a session besides its checkpoint: its latest call, and where it ran."""
+
+    call: int
+    owner: str
+
+
 class _Header(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -129,11 +151,12 @@ class DirectoryStore:
         self.root = root
         self._states = root / "sessions"
         self._leases = root / "leases"
+        self._records = root / "records"
         self._thread_lock = threading.Lock()
         self.max_session_bytes = max_session_bytes
         self.max_total_bytes = max_total_bytes
         root.mkdir(mode=0o700, parents=True, exist_ok=True)  # the operator's folder keeps its mode
-        for folder in (self._states, self._leases):
+        for folder in (self._states, self._leases, self._records):
             folder.mkdir(mode=0o700, exist_ok=True)
             os.chmod(folder, 0o700)  # mkdir's mode yields to the umask, and the folder may be older
 
@@ -142,6 +165,9 @@ class DirectoryStore:
 
     def _lease_path(self, session_id: str) -> Path:
         return self._leases / f"{_file_name(session_id)}.lease"
+
+    def _record_path(self, session_id: str) -> Path:
+        return self._records / f"{_file_name(session_id)}.record"
 
     def bytes_used(self) -> int:
         total = 0
@@ -243,6 +269,47 @@ class DirectoryStore:
             raise StateUnusable("its contents are not the size its header says")
         return SavedState(header.backend, header.build, payload, header.call, tuple(header.lost))
 
+    def write_record(self, session_id: str, call: int, owner: str, lease: Lease | None = None) -> None:
+        """Record that the session's latest call is `call`, run by `owner`. Not synced to disk:
+        it is there for the next process even when this one is killed (a power cut can lose it).
+        Raises StoreError, and LeaseLost when `lease` is no longer held."""
+        target = self._record_path(session_id)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+        record = _Record(session_id=session_id, call=call, owner=owner).model_dump_json().encode()
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as file:
+                file.write(record)
+            if lease is None:
+                os.replace(partial, target)
+            else:
+                with self._lease_lock():
+                    if not lease.same(self._read_lease(session_id)):
+                        raise LeaseLost(f"session {session_id!r} is run by another instance now")
+                    os.replace(partial, target)
+        except OSError as error:
+            raise StoreError(f"the session's record could not be written: {error}") from error
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def read_record(self, session_id: str) -> SessionRecord | None:
+        """The session's record, or None: it never ran, or was reset or expired. A damaged record
+        reads as a session that ran (call 1) on an unknown instance, so nothing is lost unsaid."""
+        path = self._record_path(session_id)
+        try:
+            data = path.read_bytes()[:MAX_HEADER_BYTES]
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return SessionRecord(1, "an unknown instance")
+        try:
+            record = _Record.model_validate_json(data)
+        except ValueError:
+            return SessionRecord(1, "an unknown instance")
+        if record.session_id != session_id:
+            return SessionRecord(1, "an unknown instance")
+        return SessionRecord(record.call, record.owner)
+
     def delete_older_than(self, seconds: float, keep: set[str]) -> int:
         """Delete states not written for `seconds`, except those of the sessions in `keep`
         (this server's, which it expires itself) and those another instance holds a lease on;
@@ -254,19 +321,26 @@ class DirectoryStore:
             with contextlib.suppress(OSError):
                 if path.stat().st_mtime < deadline:
                     path.unlink()
-        for path in self._states.glob("*.state"):
+        for path in [*self._states.glob("*.state"), *self._records.glob("*.record")]:
             with contextlib.suppress(OSError):
-                name = path.name.removesuffix(".state")
+                name = path.name.rsplit(".", 1)[0]
                 if name in kept or path.stat().st_mtime >= deadline:
                     continue
                 lease = self._leases / f"{name}.lease"
                 if lease.exists() and lease.stat().st_mtime >= now - seconds:
                     continue  # a live instance may hold it (its lease file is renewed)
                 path.unlink()
-                deleted += 1
+                deleted += path.suffix == ".state"
         return deleted
 
     def delete(self, session_id: str) -> None:
+        """Forget the session: its checkpoint and its record."""
+        for path in (self._path(session_id), self._record_path(session_id)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def delete_checkpoint(self, session_id: str) -> None:
+        """Delete the session's checkpoint (unusable, or of another build); its record stays."""
         with contextlib.suppress(FileNotFoundError):
             self._path(session_id).unlink()
 

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from mcp_sandbox import store as store_module
-from mcp_sandbox.store import MAGIC, DirectoryStore, SavedState, StateUnusable, StoreError
+from mcp_sandbox.store import (
+    MAGIC,
+    DirectoryStore,
+    LeaseLost,
+    SavedState,
+    SessionRecord,
+    StateUnusable,
+    StoreError,
+)
 
 STATE = SavedState("pyodide", "build-1", b"\x00" * 100_000 + b"state" * 1000, call=3, lost=("open files",))
 
@@ -129,3 +137,36 @@ def test_the_operators_folder_keeps_its_mode(tmp_path: Path) -> None:
     make(root).save("s", STATE)
     assert stat.S_IMODE(root.stat().st_mode) == 0o755, "only the store's own folder is made private"
     assert stat.S_IMODE((root / "sessions").stat().st_mode) == 0o700
+
+
+def test_a_record_holds_a_sessions_latest_call_until_it_is_deleted(tmp_path: Path) -> None:
+    store = make(tmp_path / "state")
+    assert store.read_record("s") is None, "a session that never ran has no record"
+    store.write_record("s", 3, "host:1:ab")
+    assert store.read_record("s") == SessionRecord(3, "host:1:ab")
+    store.save("s", STATE)
+    store.delete_checkpoint("s")
+    assert store.load("s") is None and store.read_record("s") == SessionRecord(3, "host:1:ab")
+    store.delete("s")
+    assert store.read_record("s") is None
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b'{"session_id": "other", "call": 2, "owner": "x"}'])
+def test_a_damaged_record_reads_as_a_session_that_ran(tmp_path: Path, content: bytes) -> None:
+    store = make(tmp_path / "state")
+    store.write_record("s", 5, "host:1:ab")
+    (path,) = (tmp_path / "state" / "records").glob("*.record")
+    path.write_bytes(content)
+    record = store.read_record("s")
+    assert record is not None and record.call >= 1, "nothing is lost unsaid"
+
+
+def test_a_record_is_written_only_under_the_lease_it_names(tmp_path: Path) -> None:
+    store = make(tmp_path / "state")
+    lease = store.acquire_lease("s", "one", 30)
+    store.write_record("s", 1, "one", lease)
+    store.release_lease(lease)
+    store.acquire_lease("s", "two", 30)
+    with pytest.raises(LeaseLost):
+        store.write_record("s", 2, "one", lease)
+    assert store.read_record("s") == SessionRecord(1, "one")
