@@ -189,8 +189,8 @@ class ExecutionResult(BaseModel):
     )
     session_lost: bool = Field(
         False,
-        description="True when the sandbox had to be killed and the session had no checkpoint: its "
-        "variables are gone and its next call starts fresh.",
+        description="True when the session's variables are gone (no checkpoint to bring back; notes say "
+        "why): it goes on fresh.",
     )
     session_restored: bool = Field(
         False,

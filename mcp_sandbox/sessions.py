@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from enum import Enum
 
 import anyio
 import anyio.abc
@@ -68,15 +69,77 @@ class ProgressRelay:
                 return
 
 
+class SessionState(Enum):
+    """Where a session's state is. Only a live session has a sandbox; the others get one at their
+    next call, and `account` says what that call's result tells the caller."""
+
+    #: Never ran on this instance: the store's record and checkpoint say what it had.
+    NEW = "new"
+    #: Its sandbox holds its state.
+    LIVE = "live"
+    #: This instance wrote its whole state to the store and gave its sandbox back.
+    HIBERNATED = "hibernated"
+    #: Another instance took its lease: the store's state is the one to go on from.
+    MOVED = "moved"
+    #: Its sandbox died (killed, crashed, found dead between calls).
+    LOST = "lost"
+
+
 @dataclass
 class Resumed:
-    """How a session without a sandbox got one: from its checkpoint after `from_call`, or fresh
-    (None); `notes` tell the caller."""
+    """What the result of a call that gave a session a new sandbox says: restored from its
+    checkpoint after `from_call`, lost, or nothing (a new session, or hibernated and back whole)."""
 
     from_call: int | None = None
     notes: list[str] = field(default_factory=list)
-    #: A hibernated session's state could not be brought back: it is gone.
+    #: Its variables are gone: the session starts fresh.
     lost: bool = False
+
+    @property
+    def said_nothing(self) -> bool:
+        return self.from_call is None and not self.lost and not self.notes
+
+
+def account(
+    state: SessionState,
+    latest: int,
+    restored: SavedState | None,
+    problem: str | None,
+    ran_on: str | None,
+) -> Resumed:
+    """What a session's next result says, once it has a new sandbox. `latest` is its latest call
+    (0: it never ran, or started fresh since), `restored` the checkpoint now in the sandbox (None:
+    none, or `problem` says why it could not be used), `ran_on` another instance it ran on.
+
+    The one rule: the result is silent only when the session holds exactly the state its caller
+    last saw and nothing happened to it but hibernation; any other change is said.
+    """
+    elsewhere = f" on another server process ({ran_on}) that stopped" if ran_on else ""
+    if restored is not None:
+        call = restored.call
+        if state is SessionState.HIBERNATED and call == latest and not restored.lost:
+            return Resumed()
+        said = f"the session was restored from its checkpoint after call {call}"
+        if ran_on:
+            said += f"; it ran{elsewhere}"
+        if call < latest:
+            later = f"call {latest}" if latest == call + 1 else f"calls {call + 1} to {latest}"
+            said += f"; what later calls did is gone ({later})"
+        return Resumed(from_call=call, notes=[said, *restored.lost])
+    if problem is not None:
+        return Resumed(notes=[f"{problem}, so it starts fresh"], lost=True)
+    if state is SessionState.LOST:
+        return Resumed(notes=["the session had no checkpoint yet, so its variables are gone"], lost=True)
+    if latest == 0:
+        return Resumed()  # a new session, or one that started fresh and has not run since
+    if state is SessionState.HIBERNATED:
+        said = "the session's hibernated state is gone from the store, so its variables are gone"
+    else:
+        said = (
+            f"the session ran{elsewhere or ' on a server process that stopped'} before its first checkpoint"
+        )
+        said += ", so its variables are gone"
+    return Resumed(notes=[said], lost=True)
 
 
 class SessionLimitReached(Exception):
@@ -104,14 +167,12 @@ class Session:
     refused_call: int = 0
     #: What the stored checkpoint could not carry (empty: the whole state).
     saved_lost: tuple[str, ...] = ()
-    #: Its state lives only in the store (hibernated); its next call resumes it, as if never gone.
-    hibernated: bool = False
+    state: SessionState = SessionState.NEW
     #: This instance's right to run it (instances sharing a state folder); held while it is live.
     lease: Lease | None = None
     #: Its lock is held by an idle-time checkpoint, not a call: soon free, so worth waiting for.
     checkpointing: bool = False
-    #: Another instance ran it and stopped without giving it up: its next sandbox comes from the
-    #: store, and what is lost is said.
+    #: Another instance ran it and stopped without giving it up (named in what is said).
     moved_from: str | None = None
 
     @property
@@ -183,11 +244,15 @@ class SessionPool:
         progress: ProgressReport | None = None,
     ) -> ExecutionResult:
         if session_id is None:
-            executor = await self._ready_pool.acquire(lend=True)
-            try:
-                return await self._run_in(executor, code, timeout, progress)
-            finally:
-                await self._ready_pool.release(executor, lent=True)
+            for _ in range(2):  # once more if the sandbox turns out to have died while it waited
+                executor = await self._ready_pool.acquire(lend=True)
+                try:
+                    result = await self._run_in(executor, code, timeout, progress)
+                finally:
+                    await self._ready_pool.release(executor, lent=True)
+                if not executor.found_dead:
+                    break
+            return result
         session = self._sessions.get(session_id)
         if session is None:
             if len(self._sessions) >= self._settings.max_sessions:
@@ -200,27 +265,31 @@ class SessionPool:
         async with session.lock:
             try:
                 await self._hold_lease(session)
-                resumed = Resumed()
-                if session.executor is None or not session.executor.alive:
-                    if session.executor is not None:
-                        await session.executor.close()
-                        session.executor = None
-                    await self._make_room(session)
-                    resumed = await self._resume(session)
-                    if session.executor is None:
-                        session.executor = await self._ready_pool.acquire()
-                result = await self._run_in(session.executor, code, timeout, progress)
-                if result.session_lost:
-                    await session.executor.close()
+                executor, resumed = await self._provide(session)
+                result = await self._run_in(executor, code, timeout, progress)
+                if result.session_lost and executor.found_dead and resumed.said_nothing:
+                    # Died between calls unnoticed until now: the program never started, so it runs
+                    # in the sandbox the session gets instead, as if the death had been seen first.
+                    await executor.close()
                     session.executor = None
-                    resumed = await self._resume(session, killed=True)
-                else:
+                    session.state = SessionState.LOST if session.calls else SessionState.NEW
+                    executor, resumed = await self._provide(session)
+                    result = await self._run_in(executor, code, timeout, progress)
+                if result.session_lost:
+                    await self._lose_sandbox(session)
+                    resumed = await self._resume(session)
+                    if session.executor is not None:
+                        session.state = SessionState.LIVE
+                if resumed.lost:
+                    await self._start_fresh(session)
+                if not result.session_lost:
                     session.calls += 1
-                    await session.executor.jit_warm_up()
+                    await executor.jit_warm_up()
                     self._checkpoint_when_idle(session)
+                notes = await self._write_record(session)
                 update: dict[str, object] = {
                     "session_id": session_id,
-                    "notes": [*session.notes, *resumed.notes, *result.notes],
+                    "notes": [*session.notes, *resumed.notes, *notes, *result.notes],
                 }
                 session.notes.clear()
                 if resumed.from_call is not None:
@@ -240,6 +309,56 @@ class SessionPool:
                     session.executor = None
                 if session.executor is None:
                     await self._release_lease(session)
+
+    async def _provide(self, session: Session) -> tuple[Executor, Resumed]:
+        """The session's live sandbox: its own, or a new one holding its checkpoint (or a clean
+        one), with what the call's result must say about that."""
+        if session.executor is not None and not session.executor.alive:
+            await self._lose_sandbox(session)  # died between calls
+        if session.executor is not None:
+            return session.executor, Resumed()
+        await self._make_room(session)
+        resumed = await self._resume(session)
+        if session.executor is None:
+            session.executor = await self._ready_pool.acquire()
+        session.state = SessionState.LIVE
+        return session.executor, resumed
+
+    async def _lose_sandbox(self, session: Session) -> None:
+        assert session.executor is not None
+        await session.executor.close()
+        session.executor, session.state = None, SessionState.LOST
+
+    async def _start_fresh(self, session: Session) -> None:
+        """The caller is told the session's variables are gone: from now on it has nothing more
+        to lose, and no old checkpoint may come back in its place."""
+        session.calls = session.saved_call = 0
+        if session.executor is None:
+            session.state = SessionState.NEW
+        if self._store is not None:
+            await anyio.to_thread.run_sync(self._store.delete_checkpoint, session.session_id)
+
+    async def _write_record(self, session: Session) -> list[str]:
+        """Record the session's latest call in the store before its result is sent, so that a
+        later sandbox or instance knows what a restore must bring back; notes for the caller."""
+        store = self._store
+        if (
+            store is None
+            or not self._checkpoints_on()
+            or self._sessions.get(session.session_id) is not session
+        ):
+            return []
+        try:
+            await anyio.to_thread.run_sync(
+                store.write_record, session.session_id, session.calls, self.instance, session.lease
+            )
+        except LeaseLost:
+            return ["another instance of this server took the session over during this call; run it again"]
+        except StoreError as error:
+            logger.warning("session %r: %s", session.session_id, error)
+        if self._sessions.get(session.session_id) is not session:
+            await anyio.to_thread.run_sync(store.delete, session.session_id)  # reset meanwhile
+        return []
 
     def _leases_on(self) -> bool:
         return self._checkpoints_on()  # without checkpoints no other instance could take a session up
@@ -282,7 +401,7 @@ class SessionPool:
         if taken_meanwhile and session.executor is not None:
             # Another instance may have run it since: the store's state is the one to go on from.
             await self._ready_pool.release(session.executor)
-            session.executor, session.hibernated = None, session.moved_from is None
+            session.executor, session.state = None, SessionState.MOVED
 
     async def _release_lease(self, session: Session) -> None:
         lease, session.lease = session.lease, None
@@ -310,64 +429,51 @@ class SessionPool:
                         session.lease = None
                     if not session.lock.locked() and session.executor is not None:
                         await self._ready_pool.release(session.executor)
-                        session.executor, session.hibernated = None, True
+                        session.executor, session.state = None, SessionState.MOVED
                 except StoreError as error:
                     logger.warning("session %r: %s", session.session_id, error)
                 else:
                     if session.lease is lease:
                         session.lease = renewed
 
-    async def _resume(self, session: Session, *, killed: bool = False) -> Resumed:
-        """Give a session without a sandbox a new one holding its last checkpoint, if it has one.
-        A hibernated session comes back as it was, and nothing is said unless that fails."""
-        if self._store is None or self._backend is None:
-            return Resumed()
-        hibernated, session.hibernated = session.hibernated, False
+    async def _resume(self, session: Session) -> Resumed:
+        """Give a session without a sandbox a new one holding its last checkpoint, if it has
+        one, and say what that means for its caller (`account`)."""
+        state = session.state
         moved_from, session.moved_from = session.moved_from, None
-        resumed = await self._restore(session, killed=killed)
-        if moved_from is not None:
-            if resumed.from_call is None and not resumed.notes:
-                # Its lease proves it ran there; no checkpoint means its variables died with it.
-                resumed.lost = True
-                resumed.notes.append(
-                    f"the session ran on another instance ({moved_from}) that stopped before its first "
-                    "checkpoint, so its variables are gone"
-                )
-            elif resumed.from_call is not None:
-                resumed.notes.append(
-                    f"it ran on another instance ({moved_from}) that stopped; what ran there after "
-                    "that checkpoint is gone"
-                )
-            return resumed
-        if not hibernated:
-            return resumed
-        if resumed.from_call is None:
-            resumed.lost = True  # its notes say why
-            return resumed
-        return Resumed()
+        latest, restored, problem = session.calls, None, None
+        if self._store is not None and self._checkpoints_on():
+            record = await anyio.to_thread.run_sync(self._store.read_record, session.session_id)
+            if record is not None:
+                latest = max(latest, record.call)
+                if moved_from is None and record.owner != self.instance and state is SessionState.NEW:
+                    moved_from = record.owner if record.call > 0 else None
+            restored, problem = await self._restore(session)
+        elif state is SessionState.LOST and self._backend is not None and not self._backend.saves_sessions:
+            problem = f"the {self._backend.name} backend keeps no checkpoints"
+        elif state is SessionState.LOST and not self._settings.checkpoints:
+            problem = "checkpoints are off (MCP_SANDBOX_CHECKPOINTS)"
+        return account(state, latest, restored, problem, moved_from)
 
-    async def _restore(self, session: Session, *, killed: bool) -> Resumed:
+    async def _restore(self, session: Session) -> tuple[SavedState | None, str | None]:
+        """Put the session's checkpoint into a new sandbox (its executor): the checkpoint, or
+        None and why it could not be used (None: there was none)."""
         assert self._store is not None and self._backend is not None
         store, backend = self._store, self._backend
         try:
             state = await anyio.to_thread.run_sync(store.load, session.session_id)
         except StateUnusable as error:
-            await anyio.to_thread.run_sync(store.delete, session.session_id)
+            await anyio.to_thread.run_sync(store.delete_checkpoint, session.session_id)
             session.saved_call = 0
-            return Resumed(
-                notes=[f"the session's saved state could not be used ({error}), so it starts fresh"]
-            )
+            return None, f"the session's saved state could not be used ({error})"
         if state is None:
-            return Resumed(
-                notes=["the session had no checkpoint yet, so its variables are gone"] if killed else []
-            )
+            return None, None
         if state.backend != backend.name or state.build != backend.build:
-            await anyio.to_thread.run_sync(store.delete, session.session_id)
-            return Resumed(
-                notes=[
-                    f"the session's saved state is from another sandbox build ({state.build}; this "
-                    f"server runs {backend.build}), so it starts fresh"
-                ]
+            await anyio.to_thread.run_sync(store.delete_checkpoint, session.session_id)
+            session.saved_call = 0
+            return None, (
+                f"the session's saved state is from another sandbox build ({state.build}; this "
+                f"server runs {backend.build})"
             )
         executor = await self._ready_pool.acquire()
         reason = await executor.restore(state.payload)
@@ -383,16 +489,11 @@ class SessionPool:
                 if reason is not None:
                     await executor.close()
         if reason is not None:
-            return Resumed(
-                notes=[f"the session's checkpoint could not be restored ({reason}), so it starts fresh"]
-            )
+            return None, f"the session's checkpoint could not be restored ({reason})"
         session.executor = executor
         session.calls = session.saved_call = state.call
         session.saved_lost, session.refused, session.refused_call = state.lost, None, 0
-        said = f"the session was restored from its checkpoint after call {state.call}"
-        if killed:
-            said += "; what later calls did is gone"
-        return Resumed(from_call=state.call, notes=[said, *state.lost])
+        return state, None
 
     def _checkpoint_when_idle(self, session: Session) -> None:
         if self._task_group is not None and self._checkpoints_on():
@@ -472,7 +573,7 @@ class SessionPool:
             ):
                 return False
             executor, session.executor = session.executor, None
-            session.hibernated = True
+            session.state = SessionState.HIBERNATED
             await self._ready_pool.release(executor)
             await self._release_lease(session)
         logger.info("session %r hibernated after call %d", session.session_id, session.saved_call)
@@ -580,8 +681,8 @@ class SessionPool:
         if self._checkpoints_on():
             with anyio.move_on_after(CLOSING_SAVE_S):
                 for session in list(self._sessions.values()):
-                    if session.live and not session.lock.locked() and session.calls != session.saved_call:
-                        async with session.lock:
+                    async with session.lock:  # a checkpoint being taken is waited for, not skipped
+                        if session.live and session.calls != session.saved_call:
                             await self._save(session)
         self._closing = True
         for session in list(self._sessions.values()):

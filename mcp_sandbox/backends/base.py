@@ -215,6 +215,8 @@ class Executor(ABC):
         #: Which catalog version the guest's `tools` was built from (-1: none yet).
         self._tools_version = -1
         self._tool_calls: ToolCalls | None = None
+        #: The last run found the sandbox already dead: its program never started.
+        self.found_dead = False
 
     @property
     @abstractmethod
@@ -304,8 +306,13 @@ class Executor(ABC):
                 max_kept_output_chars=self.limits.guest["max_kept_output_chars"],
             )
 
+        self.found_dead = False
         try:
-            await self._submit(code, manifest)
+            try:
+                await self._submit(code, manifest)
+            except SandboxDied:
+                self.found_dead = True
+                raise
             with anyio.move_on_after(timeout):
                 return finished(await self._await_outcome())
             await self.interrupt()

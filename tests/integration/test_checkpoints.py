@@ -4,7 +4,9 @@ server process, real Deno runner."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import signal
 import stat
 from collections.abc import AsyncIterator
@@ -16,7 +18,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import call, http_server, server_params
+from tests.integration.conftest import call, http_server, process_tree, server_params, still_running
 
 pytestmark = pytest.mark.anyio
 
@@ -317,3 +319,56 @@ async def test_a_session_that_used_ctypes_is_never_restored_broken(client: Clien
     else:
         assert after["error_type"] == "NameError" and killed["session_lost"], (killed, after)
         assert backend == "pyodide", "a CPython checkpoint carries ctypes' bytes and ints"
+
+
+async def kill_every_sandbox(server: int) -> None:
+    """SIGKILL every sandbox process under the server, from outside, as the OOM killer would, and
+    wait until they are gone."""
+    killed = {pid: command for pid, command in process_tree(server).items() if pid != server}
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with anyio.fail_after(30):
+        while still_running(killed):
+            await anyio.sleep(0.05)
+
+
+async def first_call_after_a_kill(client: Client, code: str, session_id: str) -> dict[str, Any]:
+    """The first result after its sandbox was killed, which must say what the session lost, and
+    the result of `code` (the same one, or, when the kill was seen only as the call was sent, the
+    next call's)."""
+    said = await call(client, code, session_id=session_id)
+    if not said["success"]:
+        assert said["error_type"] == "SandboxCrash", said
+        ran = await call(client, code, session_id=session_id)
+        assert not ran["session_lost"] and not ran["session_restored"], "said once"
+        return {**said, "result": ran["result"]}
+    return said
+
+
+async def test_a_sandbox_killed_between_calls_says_what_its_session_lost(
+    tmp_path: Path, backend: str
+) -> None:
+    state = tmp_path / "state"
+    env = {"MCP_SANDBOX_BACKEND": backend, "MCP_SANDBOX_STATE_DIR": str(state)}
+    async with (
+        http_server(**env) as (port, process),
+        Client(f"http://127.0.0.1:{port}/mcp") as client,
+    ):
+        # Before its first checkpoint (it lands 2 s after a call): its variables are gone, and said.
+        await call(client, "x = 1", session_id="early")
+        await kill_every_sandbox(process.pid)
+        after = await first_call_after_a_kill(client, "'x' in globals()", "early")
+        assert after["session_lost"] is True and after["result"] == "False", after
+        assert any("no checkpoint yet" in note for note in after["notes"]), after
+        again = await call(client, "x = 2\nx", session_id="early")
+        assert again["result"] == "2" and again["session_lost"] is False, "said once; a session again"
+        # After its checkpoint: its state is intact, and the result says it was restored.
+        await call(client, "x = 41", session_id="late")
+        with anyio.fail_after(30):
+            while not state_file(state, "late").exists():
+                await anyio.sleep(0.1)
+        await kill_every_sandbox(process.pid)
+        restored = await first_call_after_a_kill(client, "x + 1", "late")
+        assert restored["session_restored"] is True and restored["restored_from_call"] == 1, restored
+        assert restored["result"] == "42", restored
