@@ -164,7 +164,9 @@ class Run:
         await wait_for_port(port, process)
         return Instance(port, process)
 
-    async def call(self, client: Client, name: str) -> None:
+    async def call(self, url: str, name: str) -> None:
+        """One call in session `name`, on a connection of its own (a server killed during a call
+        breaks the connection it came on)."""
         session = self.sessions[name]
         self.number += 1
         number = self.number
@@ -172,7 +174,11 @@ class Run:
         self.said["calls"] += 1
         try:
             with anyio.fail_after(60):
-                response = await client.call_tool("execute_python", {"code": code, "session_id": name})
+                async with Client(url) as client:
+                    response = await client.call_tool("execute_python", {"code": code, "session_id": name})
+        except TimeoutError:
+            self.wrong.append(f"seed {self.seed}, {name}: call {number} got no answer in 60 s")
+            return
         except Exception as error:  # noqa: BLE001 - a server killed mid-call answers nothing
             self.said["unanswered"] += 1
             session.unanswered(number)
@@ -213,19 +219,20 @@ async def drive(run: Run, *, instances: int) -> None:
                 break
             instance = serving[at]
             fault, moment = rng.choice(FAULTS), rng.choice(MOMENTS)
-            async with Client(f"http://127.0.0.1:{instance.port}/mcp") as client:
-                for _ in range(CALLS_PER_ROUND):
-                    await run.call(client, rng.choice(names))
-                if moment == "hibernation":
-                    # A call to the session idle longest makes room by hibernating another.
-                    async with anyio.create_task_group() as group:
-                        group.start_soon(run.call, client, names[rng.randrange(len(names))])
-                        await anyio.sleep(rng.uniform(0.0, 0.08))
-                        await hit(run, serving, at, fault)
-                else:
-                    delay = rng.uniform(2.0, 2.3) if moment == "checkpoint" else float(moment)
-                    await anyio.sleep(delay)
+            url = f"http://127.0.0.1:{instance.port}/mcp"
+            for _ in range(CALLS_PER_ROUND):
+                await run.call(url, rng.choice(names))
+            if moment == "hibernation":
+                # The fault lands during a call (which hibernates another session to make room
+                # when its own is not live).
+                async with anyio.create_task_group() as group:
+                    group.start_soon(run.call, url, names[rng.randrange(len(names))])
+                    await anyio.sleep(rng.uniform(0.0, 0.08))
                     await hit(run, serving, at, fault)
+            else:
+                delay = rng.uniform(2.0, 2.3) if moment == "checkpoint" else float(moment)
+                await anyio.sleep(delay)
+                await hit(run, serving, at, fault)
             if fault != "sandboxes" and instances > 1:
                 # The load moves to the other instance, which started after it last served (a live
                 # instance keeps its sessions' leases: calls sent elsewhere would wait them out).
