@@ -356,6 +356,10 @@ class SessionPool:
             return ["another instance of this server took the session over during this call; run it again"]
         except StoreError as error:
             logger.warning("session %r: %s", session.session_id, error)
+            return [
+                f"{error}; should this server stop before the session's next checkpoint, its next result "
+                "may not be able to say what was lost"
+            ]
         if self._sessions.get(session.session_id) is not session:
             await anyio.to_thread.run_sync(store.delete, session.session_id)  # reset meanwhile
         return []

@@ -61,6 +61,8 @@ SESSION_ID = "dspy"
 RESERVED_NAMES = frozenset({"SUBMIT", "tools", "ToolError"})
 INTERNAL_PREFIX = "_mcp_sandbox"
 SYNTAX_ERRORS = frozenset({"SyntaxError", "IndentationError", "TabError"})
+#: A restored result with one of these: the call's sandbox died during it, so the call did not count.
+SANDBOX_DEATHS = frozenset({"SandboxCrash", "MemoryLimit", "Timeout"})
 #: Annotations SUBMIT may show for an output field (DSPy's SIMPLE_TYPES, by name).
 SUBMIT_TYPES = frozenset({"str", "int", "float", "bool", "list", "dict"})
 #: An idle session must not expire under DSPy: its state is the point (about 30 years).
@@ -254,6 +256,8 @@ class SandboxInterpreter:
         self._runtime: _Runtime | None = None
         self._close: weakref.finalize[..., Any] | None = None
         self._ended = False
+        #: The session's calls that ran, as the server counts them (what a restore is held to).
+        self._calls = 0
         self._synced: tuple[dict[str, Callable[..., Any]], Any] | None = None
 
     @property
@@ -373,12 +377,26 @@ class SandboxInterpreter:
         return self._runtime
 
     def _check_alive(self, result: ExecutionResult) -> None:
+        """End the interpreter when its session's state is gone or rolled back: DSPy's modules
+        read no notes, so going on would hand them wrong data without a word."""
         if result.session_lost:
             self._end()
             raise CodeInterpreterError(
                 f"the sandbox was lost ({result.error_type}: {result.error}); its state is gone, so this "
                 "interpreter is finished: create a new one"
             )
+        if result.session_restored and result.restored_from_call is not None:
+            if result.restored_from_call < self._calls:
+                self._end()
+                raise CodeInterpreterError(
+                    f"the sandbox was lost and its session restored from an earlier checkpoint (after call "
+                    f"{result.restored_from_call} of {self._calls}); its later state is gone, so this "
+                    "interpreter is finished: create a new one"
+                )
+            self._calls = result.restored_from_call
+            if result.error_type in SANDBOX_DEATHS:
+                return
+        self._calls += 1
 
     def _outcome(self, result: ExecutionResult) -> Any:
         self._check_alive(result)

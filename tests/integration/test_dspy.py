@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -289,6 +290,42 @@ def test_a_dead_sandbox_is_a_terminal_interpreter_error() -> None:
         with pytest.raises(CodeInterpreterError, match="has ended"):
             interpreter.execute("state")
     assert wait_until_gone(children() - before) == set()
+
+
+def test_a_sandbox_killed_between_calls_is_a_terminal_interpreter_error(backend: str) -> None:
+    # DSPy's own test_process_death_ends_stateful_session: state that is gone is never a silent
+    # fresh session. The kill comes before the first checkpoint (2 s after a call).
+    before = children()
+    with SandboxInterpreter(backend=backend) as interpreter:
+        interpreter.execute("state = 1")
+        started = children() - before
+        for pid in started:
+            os.kill(pid, signal.SIGKILL)
+        assert wait_until_gone(started) == set()
+        with pytest.raises(CodeInterpreterError, match="sandbox was lost"):
+            interpreter.execute("state")
+        with pytest.raises(CodeInterpreterError, match="has ended"):
+            interpreter.execute("1")
+    assert wait_until_gone(children() - before) == set()
+
+
+def test_a_session_rolled_back_to_an_earlier_checkpoint_is_a_terminal_interpreter_error(
+    tmp_path: Path,
+) -> None:
+    before = children()
+    state = tmp_path / "state"
+    with SandboxInterpreter(backend="subprocess", state_dir=state) as interpreter:
+        interpreter.execute("state = 1")
+        deadline = time.monotonic() + 30
+        while not list((state / "sessions").glob("*.state")) and time.monotonic() < deadline:
+            time.sleep(0.1)  # its checkpoint, taken in idle time
+        interpreter.execute("state = 2")  # killed before this call's checkpoint
+        started = children() - before
+        for pid in started:
+            os.kill(pid, signal.SIGKILL)
+        assert wait_until_gone(started) == set()
+        with pytest.raises(CodeInterpreterError, match="restored from an earlier checkpoint"):
+            interpreter.execute("state")
 
 
 def test_interpreters_from_many_threads() -> None:
