@@ -68,13 +68,15 @@ def test_a_damaged_lease_file_is_no_lease(tmp_path: Path, content: bytes) -> Non
 
 def test_old_lease_files_are_swept_and_a_held_lease_protects_its_state(tmp_path: Path) -> None:
     store = make(tmp_path)
-    store.save("held", STATE)
-    store.save("abandoned", STATE)
+    for session in ("held", "abandoned"):
+        store.save(session, STATE)
+        store.write_record(session, 3, "instance-a")
     store.acquire_lease("held", "instance-a", 30)
     time.sleep(0.3)
     store.acquire_lease("held", "instance-a", 30)  # renewed: its file is new again
     assert store.delete_older_than(0.2, keep=set()) == 1
     assert store.load("held") == STATE and store.load("abandoned") is None
+    assert store.read_record("held") is not None and store.read_record("abandoned") is None
 
 
 def _race(root: str, owner: str, start: float, wins: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
