@@ -251,6 +251,8 @@ class InitMessage(TypedDict):
     snapshot: NotRequired[str]
     #: The one folder the runner writes, for checkpoint files; the sandbox never reaches it.
     checkpoint_dir: NotRequired[str]
+    #: (Pyodide) packages of the packages folder to load and import before the clean point.
+    preload: NotRequired[list[str]]
 
 
 class RunMessage(TypedDict):
@@ -335,6 +337,8 @@ class ReadyMessage(TypedDict):
     python: str
     pyodide: str | None
     load_ms: int
+    #: (Pyodide) preloads that failed, each with why: the sandbox serves without them.
+    preload_failed: NotRequired[list[str]]
 
 
 class ResultMessage(TypedDict):
@@ -506,6 +510,7 @@ class WorkerInit(TypedDict):
     control: MessagePort
     packagesDir: NotRequired[str]
     snapshot: NotRequired[str]
+    preload: NotRequired[list[str]]
 
 
 class DataFile(TypedDict):

@@ -182,6 +182,13 @@ class Settings(BaseSettings):
         "too) fetched into the packages folder in the background at start, once, where the package index "
         "is reachable; empty: none.",
     )
+    preload_packages: str | None = Field(
+        None,
+        description="pyodide: packages of the packages folder (comma-separated) every sandbox loads and "
+        "imports before its clean point, so an import costs nothing and recycling, checkpoints and "
+        "restores hold them by construction; unset: the default packages present in the folder at start; "
+        "empty: none.",
+    )
     package_index_url: str | None = Field(
         None,
         pattern=r"^https?://\S+$",
@@ -253,6 +260,13 @@ class Settings(BaseSettings):
     @property
     def default_package_names(self) -> list[str]:
         return self.default_packages.split(",") if self.default_packages else []
+
+    @property
+    def preload_package_names(self) -> list[str] | None:
+        """The packages to preload (None: the default packages that are present)."""
+        if self.preload_packages is None:
+            return None
+        return [name.strip() for name in self.preload_packages.split(",") if name.strip()]
 
     def output_limits(self) -> OutputLimits:
         return {

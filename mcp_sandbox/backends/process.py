@@ -89,6 +89,10 @@ async def start_process_executor(
     return executor
 
 
+#: Start-up warnings said once per server, not once per sandbox.
+_said: set[str] = set()
+
+
 class ProcessExecutor(Executor):
     """A sandbox that is a child process speaking the runner protocol (protocol.py) on its
     stdin and stdout. Subclasses name the backend and may interrupt differently."""
@@ -98,10 +102,10 @@ class ProcessExecutor(Executor):
         process: anyio.abc.Process,
         limits: ExecutorLimits,
         hooks: ExecutorHooks,
-        **init_fields: str,
+        **init_fields: str | list[str],
     ) -> None:
-        """`init_fields`: the host folders the sandbox reads and the hosts it may reach, as the
-        `init` message names them."""
+        """`init_fields`: the host folders the sandbox reads, the hosts it may reach and the
+        packages it preloads, as the `init` message names them."""
         super().__init__(limits, hooks)
         self._process = process
         self._token = secrets.token_hex(16)
@@ -146,6 +150,10 @@ class ProcessExecutor(Executor):
         if message["type"] != "ready":
             raise SandboxDied(f"the sandbox sent {message['type']!r} before it was ready")
         logger.debug("%s sandbox %d ready in %d ms", self.backend, self.pid, message["load_ms"])
+        for failed in message.get("preload_failed", []):
+            if failed not in _said:
+                _said.add(failed)
+                logger.warning("a sandbox could not preload %s", failed)
 
     async def _submit(self, code: str, tools_manifest: str | None) -> None:
         self._drain_stale_messages()

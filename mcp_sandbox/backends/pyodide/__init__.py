@@ -36,7 +36,15 @@ from mcp_sandbox.backends.process import (
     ProcessExecutor,
     start_process_executor,
 )
-from mcp_sandbox.packages import DefaultPackages, FetchStopped, Lock, PackageSource, default_index_url
+from mcp_sandbox.packages import (
+    DefaultPackages,
+    FetchStopped,
+    Lock,
+    PackageSource,
+    default_index_url,
+    is_verified,
+    package_key,
+)
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -94,6 +102,8 @@ class PyodideBackend(Backend):
         self._snapshot: Path | None = None
         self._build: str | None = None
         self._packages: DefaultPackages | None = None
+        #: Loaded and imported by every sandbox before its clean point.
+        self.preload: list[str] = []
 
     def _sandbox_env(self) -> dict[str, str]:
         # The sandbox process gets a bare environment: nothing of the host's reaches even the runner.
@@ -130,8 +140,9 @@ class PyodideBackend(Backend):
             raise SandboxStartError(f"Pyodide {self._version} is not in the Deno cache at {self._deno_dir}")
         self._pyodide_dir = found[0]
         self._snapshot = await self._make_snapshot()
-        self._build = self._build_id()
         self._packages = self._default_packages()
+        self.preload = self._present(self._settings.preload_package_names)
+        self._build = self._build_id()
         logger.info(
             "Pyodide %s ready in %s, runner in %s%s",
             self._version,
@@ -154,7 +165,35 @@ class PyodideBackend(Backend):
         for path in sorted(self._runner.glob("*.ts")):
             digest.update(path.read_bytes())
         digest.update(json.dumps([GUEST_MODULES, self._limits.guest], sort_keys=True).encode())
+        digest.update(json.dumps(self._preload_files()).encode())
         return f"pyodide-{self._version}-{digest.hexdigest()[:16]}"
+
+    def _present(self, wanted: list[str] | None) -> list[str]:
+        """The packages to preload that the packages folder holds whole (with their dependencies);
+        unset: the default packages that are there. A package asked for by name and missing is said."""
+        folder = self._settings.packages_folder
+        names = wanted if wanted is not None else self._settings.default_package_names
+        if not names or not folder.is_dir():
+            return []
+        lock = self.package_source().lock
+        wheels = {package_key(path.name.split("-")[0]) for path in folder.glob("*.whl")}
+        present = []
+        for name in names:
+            needed, unknown = lock.closure([name])
+            whole = not unknown and all(is_verified(package, folder) for package in needed)
+            if whole or package_key(name) in wheels:
+                present.append(name)
+            elif wanted is not None:
+                logger.warning("not preloading %s: it is not in the packages folder %s", name, folder)
+        return present
+
+    def _preload_files(self) -> list[str]:
+        """The files the preloads come from, by name: another version is another clean point."""
+        folder = self._settings.packages_folder
+        keys = {package_key(name) for name in self.preload}
+        if not keys:
+            return []
+        return sorted(path.name for path in folder.iterdir() if package_key(path.name.split("-")[0]) in keys)
 
     async def _make_snapshot(self) -> Path | None:
         """The memory snapshot sandboxes restore instead of loading Pyodide from scratch, made
@@ -291,7 +330,8 @@ class PyodideBackend(Backend):
         if self._snapshot is not None:
             folders["snapshot"] = str(self._snapshot)
         folders["checkpoint_dir"] = str(checkpoint_dir)
-        executor = PyodideExecutor(process, self._limits, self._hooks, **folders)
+        preload = {"preload": self.preload} if self.preload else {}
+        executor = PyodideExecutor(process, self._limits, self._hooks, **folders, **preload)
         executor.checkpoint_dir = checkpoint_dir
         executor.jit_warm_up_rounds = settings.pyodide_warm_up_rounds
         return await start_process_executor(

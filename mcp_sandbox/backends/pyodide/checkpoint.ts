@@ -4,10 +4,12 @@
 // Every sandbox of one build reaches the same clean point from the same memory snapshot by the
 // same steps, so its WebAssembly memory there is the same, byte for byte apart from a few
 // timestamps. A checkpoint is therefore the memory pages that differ from the clean memory plus
-// the files the session made; restoring copies them over a clean sandbox. What lives only in
+// the files the session made; restoring copies them over a clean sandbox. Native libraries loaded
+// since the clean point are loaded again the same way first (linker.ts). What lives only in
 // JavaScript cannot be carried: a checkpoint is refused while Python holds JavaScript objects or
-// native code was loaded, and it says what else is lost (open files; pending asyncio tasks and
-// timers are JavaScript's too).
+// a C callback (ctypes) changed the function table, and it says what else is lost (open files;
+// pending asyncio tasks and timers are JavaScript's too).
+import type { LinkerRecord } from "./linker.ts";
 import { type CleanState, tableLength, taint, taintsSoFar } from "./recycle.ts";
 
 const MAGIC = "MCPSCKP1";
@@ -35,6 +37,8 @@ type Header = {
   // What reached past recycling's checks in the session (ctypes, say): the memory still holds
   // what it did, so the sandbox it is restored into must not be recycled either.
   tainted: string[];
+  // The native libraries loaded since the clean point, to load again before the memory is copied.
+  linker: LinkerRecord;
 };
 
 export type CheckpointOutcome =
@@ -94,13 +98,9 @@ function changedPages(heap: Uint8Array, cleanMemory: Uint8Array): number[] {
 function whyNotPortable(clean: CleanState, jsHolders: () => string[]): string | null {
   const module = clean.module;
   const table = module.wasmTable;
-  const changed = table.length !== clean.wasmTableLength ||
-    Object.keys(module.LDSO.loadedLibsByName).length !== clean.libraries ||
-    clean.wasmTableEntries.some((entry, i) => table.get(i) !== entry);
-  if (changed) {
-    return "native code was loaded (a package with a .so library) or made a C callback (ctypes), and native " +
-      "code cannot be carried to another sandbox; restart the session (reset_session) and use pure-Python " +
-      "packages if it must survive";
+  if (clean.wasmTableEntries.some((entry, i) => table.get(i) !== entry)) {
+    return "a C callback (ctypes) changed the function table, which cannot be carried to another sandbox; " +
+      "restart the session (reset_session) if it must survive";
   }
   if (module.stackSave() !== clean.stackPointer) return "Python is still running";
   if (internedSince(clean) === null) {
@@ -208,6 +208,7 @@ export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): Ch
     removed,
     cwd: clean.module.FS.cwd(),
     tainted: taintsSoFar(),
+    linker: clean.linker.record(),
   };
   const head = encoder.encode(JSON.stringify(header));
   const hashes = cleanHashes(clean);
@@ -257,11 +258,27 @@ function parse(blob: Uint8Array, clean: CleanState): { header: Header; hashes: I
     if (entry.path === clean.dataDir || entry.path.startsWith(`${clean.dataDir}/`) || insideSkipped(clean, entry.path)) return "a file path is invalid";
     if (!["file", "dir", "link"].includes(entry.kind) || !Number.isInteger(entry.size) || entry.size < 0) return "a file entry is invalid";
   }
+  if (!validLinker(header.linker, header.memory)) return "its native library list is invalid";
   const filesAt = pagesAt + header.pages.length * PAGE;
   const fileBytes = header.files.reduce((total, entry) => total + entry.size, 0);
   if (filesAt + fileBytes !== blob.length) return "its length does not match its header";
   const hashes = new Int32Array(blob.slice(MAGIC.length + 4 + headLength, pagesAt).buffer);
   return { header, hashes, pagesAt, filesAt };
+}
+
+function validLinker(linker: LinkerRecord, memory: number): boolean {
+  const whole = (value: unknown, below: number) => Number.isInteger(value) && (value as number) >= 0 && (value as number) < below;
+  return typeof linker === "object" && linker !== null && Array.isArray(linker.libraries) &&
+    Array.isArray(linker.allocations) && Array.isArray(linker.got) && whole(linker.table, 1 << 24) &&
+    linker.libraries.every((library) =>
+      typeof library.name === "string" && library.name.startsWith("/") && typeof library.global === "boolean" &&
+      typeof library.nodelete === "boolean" && Array.isArray(library.handles) &&
+      library.handles.every((handle) => whole(handle, memory))
+    ) &&
+    linker.allocations.every((allocation) =>
+      whole(allocation.at, memory) && whole(allocation.size, memory) && whole(allocation.table, 1 << 24)
+    ) &&
+    linker.got.every((entry) => Array.isArray(entry) && typeof entry[0] === "string" && Number.isFinite(entry[1]));
 }
 
 // Puts a checkpoint into this sandbox, which must be at its clean point. Null when it worked;
@@ -290,6 +307,11 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
   // growing, and Pyodide 0.29 has no _malloc on its module.) The allocator's state is in the pages.
   if (module.HEAP8.length < header.memory) module.growMemory(header.memory);
   if (module.HEAP8.length < header.memory) return `memory could not grow to ${header.memory} bytes`;
+  // Files first: the native libraries load from them, before the memory that links them is copied.
+  const files = restoreFiles(clean, header, blob.subarray(filesAt));
+  if (files !== null) return files;
+  const linked = clean.linker.replay(header.linker);
+  if (linked !== null) return `the checkpoint's native libraries could not be loaded again: ${linked}`;
   const heap = new Uint8Array(module.HEAP8.buffer);
   heap.set(clean.memory);
   heap.fill(0, clean.memory.length);
@@ -300,7 +322,7 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
     if (module.__hiwire_set(i, null) < 0) return "the JS reference table could not grow";
   }
   for (const reason of Array.isArray(header.tainted) ? header.tainted : []) taint(`${reason} (before a restore)`);
-  return restoreFiles(clean, header, blob.subarray(filesAt));
+  return null;
 }
 
 function restoreFiles(clean: CleanState, header: Header, contents: Uint8Array): string | null {

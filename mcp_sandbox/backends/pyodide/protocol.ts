@@ -66,6 +66,7 @@ export type InitMessage = {
   allow_net?: string;
   snapshot?: string;
   checkpoint_dir?: string;
+  preload?: string[];
 };
 
 export type RunMessage = {
@@ -123,6 +124,7 @@ export type ReadyMessage = {
   python: string;
   pyodide: string | null;
   load_ms: number;
+  preload_failed?: string[];
 };
 
 export type ResultMessage = {
@@ -210,6 +212,7 @@ export type WorkerInit = {
   control: MessagePort;
   packagesDir?: string;
   snapshot?: string;
+  preload?: string[];
 };
 
 export type DataFile = {

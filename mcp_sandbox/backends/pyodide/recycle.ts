@@ -7,6 +7,7 @@
 // the realm's roots is walked and compared with the clean walk. A sandbox whose realm changed is
 // not recycled; the host replaces it with a new process.
 import type { PyodideInterface } from "pyodide";
+import { LinkerClean, type LinkerModule } from "./linker.ts";
 
 export type FSNode = {
   name: string;
@@ -40,8 +41,7 @@ type EmscriptenFS = {
   cwd(): string;
   chdir(path: string): void;
 };
-type Module = {
-  HEAP8: Int8Array;
+type Module = LinkerModule & {
   // Emscripten's: grows the memory to `size` bytes (64 KB pages) and renews every view of it.
   growMemory(size: number): number | undefined;
   stackSave(): number;
@@ -50,8 +50,6 @@ type Module = {
   __hiwire_set(index: number, value: unknown): number;
   __hiwire_immortal_get(index: number): unknown;
   __hiwire_immortal_add(value: unknown): number;
-  wasmTable: WebAssembly.Table;
-  LDSO: { loadedLibsByName: Record<string, unknown> };
   finalizationRegistry: FinalizationRegistry<unknown>;
   FS: EmscriptenFS;
 };
@@ -247,6 +245,18 @@ export function tableLength(module: Module, known: number, get = module.__hiwire
   }
 }
 
+// Runs the worker's own work (loading the packages a program imports from the packages folder)
+// without counting what it calls as the program's.
+export async function asTheWorker<T>(work: () => Promise<T>): Promise<T> {
+  const was = watching;
+  watching = false;
+  try {
+    return await work();
+  } finally {
+    watching = was;
+  }
+}
+
 // The guest's audit hook reports ctypes here: raw memory and C calls reach past every check.
 export function taint(reason: string): void {
   if (watching) taints.add(reason);
@@ -271,12 +281,17 @@ export class CleanState {
   // The function table's entries: a C callback made since (ctypes) may fill a free slot.
   readonly wasmTableEntries: unknown[];
   readonly libraries: number;
+  // The dynamic linker's own state (linker.ts): native libraries loaded since are carried and reset.
+  readonly linker: LinkerClean;
   private readonly realm: Map<object, Shape>;
   readonly files: Map<string, NodeRecord>;
   // Not restored with the rest of the tree: data/ has its own check, /proc and /dev are devices.
   readonly skipped: Set<string>;
   readonly streams: Set<number>;
   private readonly cwd: string;
+  // Pyodide's record of the packages it loaded, and its clean entries.
+  private readonly loadedPackages: Record<string, unknown>;
+  private readonly cleanPackages: Record<string, unknown>;
   private readonly registered: object[] = [];
   private readonly onmessage: unknown;
   private data: Map<string, NodeRecord> = new Map();
@@ -296,6 +311,9 @@ export class CleanState {
     this.wasmTableLength = module.wasmTable.length;
     this.wasmTableEntries = Array.from({ length: this.wasmTableLength }, (_, i) => module.wasmTable.get(i));
     this.libraries = Object.keys(module.LDSO.loadedLibsByName).length;
+    this.linker = new LinkerClean(module);
+    this.loadedPackages = pyodide.loadedPackages as Record<string, unknown>;
+    this.cleanPackages = { ...this.loadedPackages };
     const FS = module.FS;
     this.skipped = new Set([this.dataDir, "/proc", "/dev"]);
     this.files = fileTree(FS, "/", this.skipped);
@@ -329,6 +347,10 @@ export class CleanState {
   }
 
   recycle(): RecycleOutcome {
+    // Packages loaded since are forgotten with their files (restoreFiles) and libraries (linker).
+    for (const name of Object.keys(this.loadedPackages)) {
+      if (!(name in this.cleanPackages)) delete this.loadedPackages[name];
+    }
     const reason = this.whyNot();
     if (reason !== null) return { clean: false, reason };
     for (const id of timers) clearTimeout(id); // clears intervals too
@@ -338,6 +360,8 @@ export class CleanState {
     this.registered.length = 0;
     const files = this.restoreFiles();
     if (files !== null) return { clean: false, reason: files };
+    const linker = this.linker.reset();
+    if (linker !== null) return { clean: false, reason: linker };
     const dataLost = this.restoreData();
     this.restoreMemory();
     return { clean: true, dataLost };
@@ -349,8 +373,9 @@ export class CleanState {
     if (module.HEAP8.buffer.byteLength - this.memory.length > MAX_MEMORY_GROWTH) {
       return `its memory grew to ${Math.round(module.HEAP8.buffer.byteLength / 2 ** 20)} MB`;
     }
-    if (module.wasmTable.length !== this.wasmTableLength) return "it loaded native code";
-    if (Object.keys(module.LDSO.loadedLibsByName).length !== this.libraries) return "it loaded a library";
+    if (this.wasmTableEntries.some((entry, i) => module.wasmTable.get(i) !== entry)) {
+      return "it changed the function table (a C callback)";
+    }
     if (handlerGetter("onmessage")?.call(globalThis) !== this.onmessage) return "its message handler was replaced";
     for (const name of HANDLERS.slice(1)) {
       if (handlerGetter(name)?.call(globalThis)) return `it set ${name}`;

@@ -208,6 +208,7 @@ function startWorker(message: InitMessage): Worker {
     control: channel.port2,
     ...(message.packages_dir ? { packagesDir: message.packages_dir } : {}),
     ...(message.snapshot ? { snapshot: message.snapshot } : {}),
+    ...(message.preload ? { preload: message.preload } : {}),
   };
   started.postMessage(init, [channel.port2]);
   sendData(started, message.data_dir);

@@ -4,8 +4,9 @@
 // constants come from protocol.ts; the exact Pyodide version is pinned once, in deno.json.
 import { loadPyodide, type PyodideInterface } from "pyodide";
 import { HOME, PYODIDE_OPTIONS } from "./options.ts";
-import { CleanState, guardRealm, hostSetTimeout, taint } from "./recycle.ts";
+import { asTheWorker, CleanState, guardRealm, hostSetTimeout, taint } from "./recycle.ts";
 import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
+import { hookAllocations } from "./linker.ts";
 import {
   type CheckpointedMessage,
   DATA_DIR,
@@ -214,6 +215,8 @@ let packagesDir: string | null = null;
 let findImports: PyCallable | null = null;
 let importedModules: { has(name: string): boolean } | null = null; // sys.modules
 const loadedWheels = new Set<string>();
+// Those loaded before the clean point: a recycle goes back to them.
+let cleanWheels = new Set<string>();
 
 function normalize(name: string): string {
   return name.toLowerCase().replace(/[-_.]+/g, "_");
@@ -250,7 +253,7 @@ async function loadImports(code: string): Promise<string[]> {
     found.destroy();
     // A module the session has imported already needs no package.
     if (names.every((name) => importedModules!.has(name.split(".")[0]))) return [];
-    await withRealPaths(() => pyodide.loadPackagesFromImports(code, quiet));
+    await asTheWorker(() => withRealPaths(() => pyodide.loadPackagesFromImports(code, quiet)));
     // Pyodide's own packages were loaded just above, by its lock file: loading their files again
     // as wheels would only earn a note ("URI mismatch ... already loaded").
     const loaded = new Set(Object.keys(pyodide.loadedPackages).map(normalize));
@@ -261,7 +264,7 @@ async function loadImports(code: string): Promise<string[]> {
       for (const name of wanted) {
         const wheel = wheels.get(name);
         if (wheel === undefined) continue;
-        await withRealPaths(() => pyodide.loadPackage(wheel, quiet));
+        await asTheWorker(() => withRealPaths(() => pyodide.loadPackage(wheel, quiet)));
         loadedWheels.add(name);
       }
     }
@@ -288,6 +291,9 @@ async function init(message: WorkerInit): Promise<void> {
   const started = performance.now();
   const { packagesDir: packages, snapshot } = message;
   const snapshotBytes = snapshot ? readFileSync(snapshot) : undefined;
+  // Imported here rather than by loadPyodide, so its module factory can be wrapped (linker.ts).
+  await import("pyodide/pyodide.asm.js");
+  hookAllocations();
   pyodide = await loadPyodide({
     ...PYODIDE_OPTIONS,
     ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
@@ -300,6 +306,8 @@ async function init(message: WorkerInit): Promise<void> {
     packagesDir = packages;
     findImports = pyodide.pyimport("pyodide.code").find_imports;
     importedModules = pyodide.pyimport("sys").modules;
+    // Imported now, into the clean point, rather than by every recycled sandbox that installs a wheel.
+    pyodide.pyimport("pyodide._package_loader");
   }
   pyodide.FS.mkdirTree(`${HOME}/${OUTPUT_DIR}`);
   pyodide.FS.mkdirTree(GUEST_DATA);
@@ -337,6 +345,7 @@ async function init(message: WorkerInit): Promise<void> {
   jsHolders = pyodide.runPython(JS_HOLDERS, { globals: pyodide.toPy({}) }) as PyCallable;
   const facade = limitPyodideModule();
   reportReachingPast();
+  const preloadFailed = await preload(message.preload ?? []);
   await settleMessagePorts();
   clean = new CleanState(pyodide, GUEST_DATA, [facade]);
   postRunnerMessage(null, {
@@ -344,7 +353,28 @@ async function init(message: WorkerInit): Promise<void> {
     python: sys.version.split(" ")[0],
     pyodide: pyodide.version,
     load_ms: Math.round(performance.now() - started),
+    ...(preloadFailed.length ? { preload_failed: preloadFailed } : {}),
   });
+}
+
+// Packages loaded and imported before the clean point: every caller's `import` finds them done,
+// and recycling, checkpoints and restores hold them by construction. What failed, with why.
+async function preload(names: string[]): Promise<string[]> {
+  const failed: string[] = [];
+  for (const name of names) {
+    const module = normalize(name);
+    const problems = await loadImports(`import ${module}`);
+    const scope = pyodide.toPy({});
+    try {
+      pyodide.runPython(`import ${module}`, { globals: scope });
+    } catch (error) {
+      failed.push(`${name}: ${scrub([...problems, String(error).trim().split("\n").pop()].join("; "))}`);
+    } finally {
+      scope.destroy();
+    }
+  }
+  cleanWheels = new Set(loadedWheels);
+  return failed;
 }
 
 // Deno finishes setting up message ports when the first port message arrives (it redefines
@@ -460,7 +490,12 @@ function recycle(message: WorkerRecycle): void {
     ms: Math.round((performance.now() - started) * 100) / 100,
     dataLost: outcome.clean && outcome.dataLost,
   };
-  if (outcome.clean) ranSinceClean = false;
+  if (outcome.clean) {
+    ranSinceClean = false;
+    // Their files and libraries are gone with the rest; the preloaded ones stay.
+    loadedWheels.clear();
+    for (const name of cleanWheels) loadedWheels.add(name);
+  }
   control.postMessage({ json: JSON.stringify(reply) } satisfies ControlAnswer);
 }
 
