@@ -108,8 +108,10 @@ def account(
     ran_on: str | None,
 ) -> Resumed:
     """What a session's next result says, once it has a new sandbox. `latest` is its latest call
-    (0: it never ran, or started fresh since), `restored` the checkpoint now in the sandbox (None:
-    none, or `problem` says why it could not be used), `ran_on` another instance it ran on.
+    as far as known (0: it never ran, or started fresh since): exact when this instance ran it
+    all along, a lower bound from the store's record otherwise. `restored` is the checkpoint now
+    in the sandbox (None: none, or `problem` says why it could not be used), `ran_on` another
+    instance it ran on.
 
     The one rule: the result is silent only when the session holds exactly the state its caller
     last saw and nothing happened to it but hibernation; any other change is said.
@@ -123,8 +125,9 @@ def account(
         if ran_on:
             said += f"; it ran{elsewhere}"
         if call < latest:
-            later = f"call {latest}" if latest == call + 1 else f"calls {call + 1} to {latest}"
-            said += f"; what later calls did is gone ({later})"
+            said += "; what later calls did is gone"
+            if state in (SessionState.HIBERNATED, SessionState.LOST):  # this instance knows them all
+                said += f" (call {latest})" if latest == call + 1 else f" (calls {call + 1} to {latest})"
         return Resumed(from_call=call, notes=[said, *restored.lost])
     if problem is not None:
         return Resumed(notes=[f"{problem}, so it starts fresh"], lost=True)
@@ -160,6 +163,9 @@ class Session:
     calls: int = 0
     #: The call whose state the store holds (0: none).
     saved_call: int = 0
+    #: The call the store's record was last written with (-1: write it at the next call). The
+    #: record needs writing only when it does not show the session past its checkpoint yet.
+    recorded: int = -1
     #: Said in the session's next result: what happened to it in between (a checkpoint refused).
     notes: list[str] = field(default_factory=list)
     #: Why its last checkpoint was refused, said once rather than after every call, and at which call.
@@ -340,12 +346,16 @@ class SessionPool:
 
     async def _write_record(self, session: Session) -> list[str]:
         """Record the session's latest call in the store before its result is sent, so that a
-        later sandbox or instance knows what a restore must bring back; notes for the caller."""
+        later sandbox or instance knows what a restore cannot bring back; notes for the caller.
+        Written when the record does not yet show the session past its checkpoint (the first call
+        after each checkpoint, and after a restore or a loss): then any call after the stored
+        checkpoint has left a record beyond it, which is all a restore needs to know."""
         store = self._store
         if (
             store is None
             or not self._checkpoints_on()
             or self._sessions.get(session.session_id) is not session
+            or session.saved_call < session.recorded <= session.calls
         ):
             return []
         try:
@@ -360,6 +370,7 @@ class SessionPool:
                 f"{error}; should this server stop before the session's next checkpoint, its next result "
                 "may not be able to say what was lost"
             ]
+        session.recorded = session.calls
         if self._sessions.get(session.session_id) is not session:
             await anyio.to_thread.run_sync(store.delete, session.session_id)  # reset meanwhile
         return []
