@@ -137,7 +137,7 @@ async def calls(packages: Path) -> dict[str, Any]:
                 result = await sandbox.run(f"import {MODULE} as d\nd.add(2, 3)", session_id=f"new-{i}")
                 firsts.append((time.perf_counter() - start) * 1000)
                 assert result.result == "5", result
-                await sandbox.reset_session(f"new-{i}")
+                await sandbox.reset(f"new-{i}")
         results[f"preload {preload or 'none'}"] = {
             "sessionless_calls_per_s": rate,
             "sessionless_p50_ms": statistics.median(samples),

@@ -306,7 +306,9 @@ async function init(message: WorkerInit): Promise<void> {
     packagesDir = packages;
     findImports = pyodide.pyimport("pyodide.code").find_imports;
     importedModules = pyodide.pyimport("sys").modules;
-    // Imported now, into the clean point, rather than by every recycled sandbox that installs a wheel.
+    // Imported now, into the clean point, rather than by every recycled sandbox that installs a
+    // package: its checkpoint would carry them too (what it imports of the standard library is
+    // in the memory snapshot already, snapshot.ts).
     pyodide.pyimport("pyodide._package_loader");
   }
   pyodide.FS.mkdirTree(`${HOME}/${OUTPUT_DIR}`);
