@@ -30,20 +30,25 @@ DOWNLOAD = [
 ]
 
 
-def native_wheel() -> Path:
-    """The extension's wheel, fetched once into tests/.wheels/; skips the test when it cannot be."""
+def fetched_wheel() -> tuple[Path | None, str]:
+    """The extension's wheel, fetched once into tests/.wheels/, or None and why not."""
     found = sorted(FOLDER.glob(f"{MODULE}-{VERSION}-*.whl"))
-    if not found:
-        FOLDER.mkdir(exist_ok=True)
-        done = subprocess.run(
-            [sys.executable, *DOWNLOAD, str(FOLDER)], capture_output=True, text=True, timeout=120
-        )
-        found = sorted(FOLDER.glob(f"{MODULE}-{VERSION}-*.whl"))
-        if done.returncode != 0 or not found:
-            pytest.skip(
-                f"the Pyodide C extension {NAME} could not be fetched from PyPI: {done.stderr[-300:]}"
-            )
-    return found[0]
+    if found:
+        return found[0], ""
+    FOLDER.mkdir(exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, *DOWNLOAD, str(FOLDER)], capture_output=True, text=True, timeout=120
+    )
+    found = sorted(FOLDER.glob(f"{MODULE}-{VERSION}-*.whl"))
+    return (found[0], "") if found else (None, done.stderr[-300:])
+
+
+def native_wheel() -> Path:
+    """The extension's wheel; skips the test, saying why, when it cannot be fetched."""
+    wheel, why = fetched_wheel()
+    if wheel is None:
+        pytest.skip(f"the Pyodide C extension {NAME} could not be fetched from PyPI: {why}")
+    return wheel
 
 
 def packages_folder_with_the_extension(folder: Path) -> Path:

@@ -22,7 +22,8 @@ from tests.integration.conftest import call, http_server, process_tree, server_p
 
 pytestmark = pytest.mark.anyio
 
-#: A checkpoint lands 2 s after a call (sessions.CHECKPOINT_QUIET), plus its own time.
+#: A checkpoint lands 2 s after a call (sessions.CHECKPOINT_QUIET), plus its own time: how long
+#: to wait where a refused checkpoint leaves nothing to wait for.
 SETTLE_S = 4.0
 MEMORY_MB = 256
 #: Writes every byte, so the sandbox's resident memory passes MEMORY_MB (bounded: 400 MB once).
@@ -58,11 +59,15 @@ def state_file(state_dir: Path, session_id: str) -> Path:
     return state_dir / "sessions" / f"{hashlib.sha256(session_id.encode()).hexdigest()[:40]}.state"
 
 
-async def checkpointed(client: Client, code: str, session_id: str) -> dict[str, Any]:
-    """Run `code`, then give the session the idle time its checkpoint needs."""
+async def checkpointed(client: Client, code: str, session_id: str, state_dir: Path) -> dict[str, Any]:
+    """Run `code`, then wait for the session's checkpoint (taken in idle time) to land."""
+    path = state_file(state_dir, session_id)
+    before = path.stat().st_mtime_ns if path.exists() else None
     result = await call(client, code, session_id=session_id)
     assert result["success"], result
-    await anyio.sleep(SETTLE_S)
+    with anyio.fail_after(30):
+        while not path.exists() or path.stat().st_mtime_ns == before:
+            await anyio.sleep(0.05)
     return result
 
 
@@ -72,10 +77,10 @@ async def checkpointed(client: Client, code: str, session_id: str) -> dict[str, 
     ids=["memory-limit", "ignored-interrupt", "crash"],
 )
 async def test_a_killed_session_comes_back_from_its_checkpoint(
-    client: Client, backend: str, killer: str, error_type: str, timeout: int
+    client: Client, backend: str, killer: str, error_type: str, timeout: int, state_dir: Path
 ) -> None:
     session = f"killed-{error_type}"
-    await checkpointed(client, "x = 41", session)
+    await checkpointed(client, "x = 41", session, state_dir)
     if backend == "subprocess" and error_type == "MemoryLimit":
         # RLIMIT_AS makes the allocation fail (MemoryError) instead of killing: the session lives on.
         failed = await call(client, killer, session_id=session, timeout=timeout)
@@ -92,7 +97,7 @@ async def test_a_killed_session_comes_back_from_its_checkpoint(
     assert after["session_restored"] is False
 
 
-async def test_what_a_session_holds_survives(client: Client, backend: str) -> None:
+async def test_what_a_session_holds_survives(client: Client, backend: str, state_dir: Path) -> None:
     setup = (
         "import re, collections\n"
         "class Point:\n    def __init__(self, x): self.x = x\n"
@@ -107,7 +112,7 @@ async def test_what_a_session_holds_survives(client: Client, backend: str) -> No
         "import os; os.makedirs('work', exist_ok=True); os.chdir('work')\n"
         "left_open = open('../open.txt', 'w')\n"
     )
-    await checkpointed(client, setup, "holds")
+    await checkpointed(client, setup, "holds", state_dir)
     killed = await call(client, CRASH, session_id="holds")
     assert killed["session_restored"] is True, killed
     check = (
@@ -135,7 +140,7 @@ async def test_a_session_whose_memory_grew_comes_back_whole(tmp_path: Path, back
     )
     params = server_params(MCP_SANDBOX_BACKEND=backend, MCP_SANDBOX_STATE_DIR=str(tmp_path / "state"))
     async with Client(params) as client:
-        await checkpointed(client, grow, "grown")
+        await checkpointed(client, grow, "grown", tmp_path / "state")
         with anyio.fail_after(15):
             killed = await call(client, CRASH, session_id="grown")
         assert killed["session_restored"] is True and killed["session_lost"] is False, killed
@@ -143,19 +148,23 @@ async def test_a_session_whose_memory_grew_comes_back_whole(tmp_path: Path, back
         assert after["result"] == f"({40 * 2**20}, True)", after
 
 
-async def test_files_in_tmp_survive_on_pyodide(client: Client, backend: str) -> None:
+async def test_files_in_tmp_survive_on_pyodide(client: Client, backend: str, state_dir: Path) -> None:
     if backend != "pyodide":
         pytest.skip(
             "a CPython worker's /tmp is not saved (in bubblewrap it is a tmpfs of its own); its home is"
         )
-    await checkpointed(client, "with open('/tmp/scratch.txt', 'w') as f: f.write('in /tmp')", "tmp-files")
+    await checkpointed(
+        client, "with open('/tmp/scratch.txt', 'w') as f: f.write('in /tmp')", "tmp-files", state_dir
+    )
     assert (await call(client, CRASH, session_id="tmp-files"))["session_restored"] is True
     after = await call(client, "open('/tmp/scratch.txt').read()", session_id="tmp-files")
     assert after["result"] == "'in /tmp'", after
 
 
-async def test_work_after_the_last_checkpoint_is_gone_and_the_result_says_so(client: Client) -> None:
-    await checkpointed(client, "x = 1", "later-work")
+async def test_work_after_the_last_checkpoint_is_gone_and_the_result_says_so(
+    client: Client, state_dir: Path
+) -> None:
+    await checkpointed(client, "x = 1", "later-work", state_dir)
     await call(client, "y = 2", session_id="later-work")  # the crash comes before its checkpoint would
     killed = await call(client, CRASH, session_id="later-work")
     assert killed["restored_from_call"] == 1, killed
@@ -170,22 +179,25 @@ async def test_a_session_without_a_checkpoint_is_lost_and_says_so(client: Client
     assert any("no checkpoint yet" in note for note in killed["notes"]), killed
 
 
-async def test_javascript_objects_hold_back_a_checkpoint_until_deleted(client: Client, backend: str) -> None:
+async def test_javascript_objects_hold_back_a_checkpoint_until_deleted(
+    client: Client, backend: str, state_dir: Path
+) -> None:
     if backend != "pyodide":
         pytest.skip("JavaScript exists only in pyodide")
-    await checkpointed(client, "x = 41", "js-held")
-    await checkpointed(client, "import js\nheld = js.Object.new()\nalso = js.Array.new()", "js-held")
+    await checkpointed(client, "x = 41", "js-held", state_dir)
+    await call(client, "import js\nheld = js.Object.new()\nalso = js.Array.new()", session_id="js-held")
+    await anyio.sleep(SETTLE_S)  # its checkpoint is refused: nothing lands to wait for
     told = await call(client, "x", session_id="js-held")
     refusal = " ".join(told["notes"])
     assert "not checkpointed" in refusal and "JavaScript objects (held, also)" in refusal, told
-    await checkpointed(client, "del held, also\nx = 42", "js-held")
+    await checkpointed(client, "del held, also\nx = 42", "js-held", state_dir)
     killed = await call(client, CRASH, session_id="js-held")
     assert killed["restored_from_call"] == 4, killed
     assert (await call(client, "x", session_id="js-held"))["result"] == "42"
 
 
 async def test_a_damaged_state_file_gives_a_fresh_session_and_a_note(client: Client, state_dir: Path) -> None:
-    await checkpointed(client, "x = 41", "damaged")
+    await checkpointed(client, "x = 41", "damaged", state_dir)
     path = state_file(state_dir, "damaged")
     path.write_bytes(path.read_bytes()[:-100] + b"\x00" * 100)
     killed = await call(client, CRASH, session_id="damaged")
@@ -197,7 +209,7 @@ async def test_a_damaged_state_file_gives_a_fresh_session_and_a_note(client: Cli
 
 
 async def test_state_files_are_private_and_go_with_their_session(client: Client, state_dir: Path) -> None:
-    await checkpointed(client, "x = 41", "private")
+    await checkpointed(client, "x = 41", "private", state_dir)
     path = state_file(state_dir, "private")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE((state_dir / "sessions").stat().st_mode) == 0o700
@@ -210,10 +222,15 @@ async def test_state_files_are_private_and_go_with_their_session(client: Client,
 async def test_a_killed_server_restarted_on_the_same_folder_resumes_its_sessions(
     tmp_path: Path, backend: str
 ) -> None:
-    env = {"MCP_SANDBOX_BACKEND": backend, "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state")}
+    # The killed server's lease is left to run out: 2 s rather than 30.
+    env = {
+        "MCP_SANDBOX_BACKEND": backend,
+        "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"),
+        "MCP_SANDBOX_LEASE_SECONDS": "2",
+    }
     async with http_server(**env) as (port, process):
         async with Client(f"http://127.0.0.1:{port}/mcp") as client:
-            await checkpointed(client, "x = 41", "survivor")
+            await checkpointed(client, "x = 41", "survivor", tmp_path / "state")
         process.send_signal(signal.SIGKILL)
         await process.wait()
     async with http_server(**env) as (port, _), Client(f"http://127.0.0.1:{port}/mcp") as client:
@@ -311,7 +328,8 @@ async def test_a_session_that_cannot_be_saved_whole_is_not_hibernated(tmp_path: 
 
 async def test_a_session_that_used_ctypes_is_never_restored_broken(client: Client, backend: str) -> None:
     # ctypes adds to Pyodide's tables outside its memory: a checkpoint must carry that or refuse.
-    await checkpointed(client, "import ctypes\nx = ctypes.string_at(id(1), 8)\ny = 41", "ctypes")
+    await call(client, "import ctypes\nx = ctypes.string_at(id(1), 8)\ny = 41", session_id="ctypes")
+    await anyio.sleep(SETTLE_S)  # its checkpoint may be refused: nothing may land to wait for
     killed = await call(client, CRASH, session_id="ctypes")
     after = await call(client, "y + 1", session_id="ctypes")
     if killed["session_restored"]:

@@ -101,7 +101,7 @@ async def test_calls_without_a_session_that_import_native_code_are_served_clean(
 
 
 async def test_a_session_with_native_code_survives_a_server_killed_and_restarted(tmp_path: Path) -> None:
-    settings = env(tmp_path)
+    settings = env(tmp_path, MCP_SANDBOX_LEASE_SECONDS="2")  # the killed server's lease runs out in 2 s
     async with http_server(**settings) as (port, process):
         async with Client(f"http://127.0.0.1:{port}/mcp") as client:
             await checkpointed(client, tmp_path / "state", "survivor")

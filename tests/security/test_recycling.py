@@ -9,6 +9,7 @@ than passes.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from mcp import Client
 
 from mcp_sandbox.settings import Settings
 from tests.integration.conftest import server_params
+from tests.native import MODULE, fetched_wheel, native_wheel
 from tests.security import test_red_team as red_team
 from tests.security.test_red_team import (
     ATTACKS,
@@ -42,6 +44,8 @@ TRIES = 8
 #: loaded machine), so it is first in line again: a recycled sandbox goes to the front, and of two
 #: the one at the back is closed.
 TRY_GAP_S = 2.0  # 1 s was too short once on a loaded CI machine (the probes kept missing it)
+#: Tries before a sandbox expected replaced counts as replaced: a recycled one is back within two.
+TRIES_WHEN_REPLACED = 4
 
 #: Taints a recycle cannot undo, so the sandbox is replaced instead, and why.
 REPLACED = {"taint_js_globals": "its JavaScript realm changed"}
@@ -54,12 +58,24 @@ TAINTS = [
 
 
 @pytest.fixture(scope="module")
-async def client(anyio_backend: str, world: World) -> AsyncIterator[Client]:
+def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A packages folder with the real C extension in it, when it can be fetched (tests/native.py)."""
+    folder = tmp_path_factory.mktemp("packages")
+    wheel, _ = fetched_wheel()
+    if wheel is not None:
+        shutil.copy(wheel, folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+async def client(anyio_backend: str, world: World, packages: Path) -> AsyncIterator[Client]:
     params = server_params(
         MCP_SANDBOX_BACKEND="pyodide",
         MCP_SANDBOX_POOL_SIZE="1",
         MCP_SANDBOX_DATA_DIR=str(world.data),
         MCP_SANDBOX_CACHE_DIR=str(Settings().cache_dir),
+        MCP_SANDBOX_PACKAGES_DIR=str(packages),
+        MCP_SANDBOX_PRELOAD_PACKAGES="",
     )
     async with Client(params) as connected:
         yield connected
@@ -71,11 +87,11 @@ async def run_where(client: Client, code: str, session: str | None = None) -> tu
     return str(reply.get("stdout") or "").split("\n", 1)[0], reply
 
 
-async def next_calls_in(client: Client, sandbox: str, code: str) -> list[Reply]:
-    """Run `code` without a session until it lands in `sandbox` (at most TRIES times): every
+async def next_calls_in(client: Client, sandbox: str, code: str, tries: int = TRIES) -> list[Reply]:
+    """Run `code` without a session until it lands in `sandbox` (at most `tries` times): every
     reply, the last one from `sandbox` unless that sandbox was replaced."""
     replies = []
-    for _ in range(TRIES):
+    for _ in range(tries):
         await anyio.sleep(TRY_GAP_S)
         where, reply = await run_where(client, code)
         replies.append(reply)
@@ -101,13 +117,42 @@ async def test_a_taint_does_not_survive_recycling(
     async with attack_host(client, world, tmp_path, None) as host:
         sandbox, tainted = await run_where(client, host.render(attack.code))
         assert tainted.get("success") is True, f"the taint itself failed: {tainted.summary()}"
-        probes = await next_calls_in(client, sandbox, host.render(check.probe))
+        tries = TRIES_WHEN_REPLACED if attack.name in REPLACED else TRIES
+        probes = await next_calls_in(client, sandbox, host.render(check.probe), tries)
     for seen in probes:
         assert seen.get("result") == check.clean, f"a later caller saw the taint: {seen.summary()}"
     if attack.name in REPLACED:
         assert not landed(probes, sandbox), f"expected a new sandbox ({REPLACED[attack.name]})"
     else:
         assert landed(probes, sandbox), "the sandbox was replaced, not recycled: the reset went untested"
+
+
+#: Taints tried again in a sandbox that also loaded the real C extension (the rest are alike).
+WITH_NATIVE_CODE = [
+    attack
+    for attack in TAINTS
+    if attack.name in ("taint_globals", "taint_builtins", "taint_sys_modules", "taint_home_file")
+]
+
+
+@pytest.mark.parametrize("attack", WITH_NATIVE_CODE, ids=[attack.name for attack in WITH_NATIVE_CODE])
+async def test_a_taint_beside_native_code_does_not_survive_recycling(
+    attack: Attack, client: Client, world: World, packages: Path, tmp_path: Path
+) -> None:
+    native_wheel()  # skips, saying why, without it
+    check = attack.check
+    assert isinstance(check, NotSeenElsewhere)
+    load = f"import {MODULE} as _rt_d\n_rt_d.mark = 1\n_rt_d.add(2, 3)\n"
+    async with attack_host(client, world, tmp_path, None) as host:
+        sandbox, tainted = await run_where(client, load + host.render(attack.code))
+        assert tainted.get("success") is True, f"the taint itself failed: {tainted.summary()}"
+        probe = f"import {MODULE} as _rt_d\n" + host.render(check.probe)
+        probes = await next_calls_in(client, sandbox, probe)
+        marked = await next_calls_in(client, sandbox, f"import {MODULE} as _rt_d\nhasattr(_rt_d, 'mark')")
+    for seen in probes:
+        assert seen.get("result") == check.clean, f"a later caller saw the taint: {seen.summary()}"
+    assert all(seen.get("result") == "False" for seen in marked), marked[-1].summary()
+    assert landed(probes, sandbox), "the sandbox was replaced, not recycled: the reset went untested"
 
 
 async def test_a_timer_left_by_javascript_never_fires(client: Client) -> None:
@@ -157,7 +202,7 @@ async def test_data_changed_by_a_program_is_sent_again(client: Client, world: Wo
 async def test_what_reaches_past_the_checks_gets_a_new_sandbox(client: Client, name: str, code: str) -> None:
     sandbox, reply = await run_where(client, code)
     assert reply.get("success") is True, reply.summary()
-    probes = await next_calls_in(client, sandbox, "'probe'")
+    probes = await next_calls_in(client, sandbox, "'probe'", TRIES_WHEN_REPLACED)
     assert not landed(probes, sandbox), f"a sandbox that saw {name} was recycled"
 
 
@@ -195,7 +240,7 @@ async def test_a_listener_cannot_forge_a_clean_recycle_or_see_the_next_caller(cl
     secret = "rt_victim_secret = 'VICTIM-MARKER-7319'"
     await send(client, secret, None)
     probes = await next_calls_in(
-        client, sandbox, "str(list(getattr(_rt_js.globalThis, 'rtSeen', None) or []))"
+        client, sandbox, "str(list(getattr(_rt_js.globalThis, 'rtSeen', None) or []))", TRIES_WHEN_REPLACED
     )
     assert not landed(probes, sandbox), "the forger's sandbox was recycled: its answer was taken"
     assert not any("VICTIM-MARKER" in str(probe.get("result")) for probe in probes), probes[-1].summary()
@@ -210,7 +255,7 @@ async def test_a_taint_travels_with_its_checkpoint(client: Client) -> None:
     assert crashed.get("session_restored") is True, crashed.summary()
     holder, _ = await run_where(client, "1", "carrier")  # the sandbox the checkpoint went into
     await client.call_tool("reset_session", {"session_id": "carrier"})
-    probes = await next_calls_in(client, holder, "'probe'")
+    probes = await next_calls_in(client, holder, "'probe'", TRIES_WHEN_REPLACED)
     assert not landed(probes, holder), "a sandbox restored from a tainted session was recycled"
 
 

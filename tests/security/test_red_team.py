@@ -2123,7 +2123,9 @@ async def test_attack(attack: Attack, backend: str, client: Client, world: World
         expected = expected.pick(backend)
     if isinstance(expected, Skip):
         pytest.skip(expected.why)
-    session = attack.session
+    # Every backend's server shares the world's state folder: a session name of its own keeps one
+    # backend's saved session from being another's (a state of another build is a lost session).
+    session = f"{attack.session}-{backend}" if attack.session is not None else None
     async with attack_host(client, world, tmp_path, session) as host:
         reply = await send(client, host.render(attack.code), session, attack.timeout)
         breach = await attack.check(host, reply)
