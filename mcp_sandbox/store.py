@@ -215,13 +215,7 @@ class DirectoryStore:
                 file.write(compressed)
                 file.flush()
                 os.fsync(file.fileno())
-            if lease is None:
-                os.replace(partial, target)
-            else:
-                with self._lease_lock():
-                    if not lease.same(self._read_lease(session_id)):
-                        raise LeaseLost(f"session {session_id!r} is run by another instance now")
-                    os.replace(partial, target)
+            self._put_in_place(partial, target, session_id, lease)
         except LeaseLost:
             partial.unlink(missing_ok=True)
             raise
@@ -280,17 +274,21 @@ class DirectoryStore:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "wb") as file:
                 file.write(record)
-            if lease is None:
-                os.replace(partial, target)
-            else:
-                with self._lease_lock():
-                    if not lease.same(self._read_lease(session_id)):
-                        raise LeaseLost(f"session {session_id!r} is run by another instance now")
-                    os.replace(partial, target)
+            self._put_in_place(partial, target, session_id, lease)
         except OSError as error:
             raise StoreError(f"the session's record could not be written: {error}") from error
         finally:
             partial.unlink(missing_ok=True)
+
+    def _put_in_place(self, partial: Path, target: Path, session_id: str, lease: Lease | None) -> None:
+        """Rename a written file over the session's, while `lease` (if any) is still held."""
+        if lease is None:
+            os.replace(partial, target)
+            return
+        with self._lease_lock():
+            if not lease.same(self._read_lease(session_id)):
+                raise LeaseLost(f"session {session_id!r} is run by another instance now")
+            os.replace(partial, target)
 
     def read_record(self, session_id: str) -> SessionRecord | None:
         """The session's record, or None: it never ran, or was reset or expired. A damaged record

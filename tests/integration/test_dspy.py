@@ -51,6 +51,14 @@ def wait_until_gone(pids: set[int], limit: float = 10) -> set[int]:
     return left
 
 
+def kill_every_sandbox_since(before: set[int]) -> None:
+    """SIGKILL the sandbox processes started since `before` was taken, from outside, and wait."""
+    started = children() - before
+    for pid in started:
+        os.kill(pid, signal.SIGKILL)
+    assert wait_until_gone(started) == set()
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     name: str = request.param
@@ -298,10 +306,7 @@ def test_a_sandbox_killed_between_calls_is_a_terminal_interpreter_error(backend:
     before = children()
     with SandboxInterpreter(backend=backend) as interpreter:
         interpreter.execute("state = 1")
-        started = children() - before
-        for pid in started:
-            os.kill(pid, signal.SIGKILL)
-        assert wait_until_gone(started) == set()
+        kill_every_sandbox_since(before)
         with pytest.raises(CodeInterpreterError, match="sandbox was lost"):
             interpreter.execute("state")
         with pytest.raises(CodeInterpreterError, match="has ended"):
@@ -320,10 +325,7 @@ def test_a_session_rolled_back_to_an_earlier_checkpoint_is_a_terminal_interprete
         while not list((state / "sessions").glob("*.state")) and time.monotonic() < deadline:
             time.sleep(0.1)  # its checkpoint, taken in idle time
         interpreter.execute("state = 2")  # killed before this call's checkpoint
-        started = children() - before
-        for pid in started:
-            os.kill(pid, signal.SIGKILL)
-        assert wait_until_gone(started) == set()
+        kill_every_sandbox_since(before)
         with pytest.raises(CodeInterpreterError, match="restored from an earlier checkpoint"):
             interpreter.execute("state")
 
