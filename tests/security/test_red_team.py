@@ -502,7 +502,7 @@ async def state_store_capped(host: Host, reply: Reply) -> str | None:
     if not reply.get("success"):
         return f"the filler itself failed: {reply.summary()}"
     await anyio.sleep(6)  # the checkpoint is tried 2 s after the call
-    after = await send(host.client, "len(filler)", "state-filler")
+    after = await send(host.client, "len(filler)", host.session)
     sessions = host.world.state / "sessions"
     partial = [path.name for path in sessions.iterdir() if path.name.endswith(".part")]
     if partial:
@@ -1978,16 +1978,14 @@ ATTACKS: list[Attack] = [
     Attack(
         "read_another_sessions_state",
         program("""
-            import os
-            found = []
-            for root, _, files in os.walk("@STATE@"):
-                for name in files:
-                    try:
-                        with open(os.path.join(root, name), "rb") as file:
-                            found.append(file.read().decode("latin-1"))
-                    except OSError as error:
-                        found.append(type(error).__name__)
-            print(len(found), "\\n".join(found))
+            import hashlib, os
+            # The session's name is known; its file's name is a hash of it.
+            path = os.path.join("@STATE@", "sessions", hashlib.sha256(b"victim").hexdigest()[:40] + ".state")
+            try:
+                with open(path, "rb") as file:
+                    print(file.read().decode("latin-1"))
+            except OSError as error:
+                print(type(error).__name__)
         """),
         not_shown(STATE_MARKER),
         on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=READS_DECIDE, inprocess=INPROCESS_SHARES),
