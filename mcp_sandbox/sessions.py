@@ -276,9 +276,9 @@ class SessionPool:
                 if result.session_lost and executor.found_dead and resumed.said_nothing:
                     # Died between calls unnoticed until now: the program never started, so it runs
                     # in the sandbox the session gets instead, as if the death had been seen first.
-                    await executor.close()
-                    session.executor = None
-                    session.state = SessionState.LOST if session.calls else SessionState.NEW
+                    await self._lose_sandbox(session)
+                    if not session.calls:
+                        session.state = SessionState.NEW  # nothing had run in it: nothing is lost
                     executor, resumed = await self._provide(session)
                     result = await self._run_in(executor, code, timeout, progress)
                 if result.session_lost:

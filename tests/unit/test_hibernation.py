@@ -4,7 +4,7 @@ list of programs they ran (the real backends: tests/integration/test_checkpoints
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -61,16 +61,26 @@ async def start() -> Executor:
 
 
 @asynccontextmanager
-async def pool_of_sessions(tmp_path: Path, **overrides: Any) -> AsyncIterator[SessionPool]:
+async def pool_of_sessions(
+    tmp_path: Path,
+    *,
+    start: Callable[[], Awaitable[Executor]] = start,
+    store: bool = True,
+    killed: bool = False,
+    **overrides: Any,
+) -> AsyncIterator[SessionPool]:
+    """A SessionPool as a server has it, on the store in `tmp_path`/state (a restart: a second one
+    on it). `killed`: it ends as a SIGKILL ends it, with no closing checkpoint and its leases left."""
     options = {"interrupt_grace": 0.05, "max_sessions": 20, "hibernate_after": 0, **overrides}
     settings = Settings(**options)
-    store = DirectoryStore(tmp_path / "state", max_session_bytes=2**20, max_total_bytes=2**24)
+    on = DirectoryStore(tmp_path / "state", max_session_bytes=2**20, max_total_bytes=2**24) if store else None
     async with anyio.create_task_group() as group:
         pool = ReadyPool(start, size=1, task_group=group, acquire_timeout=2)
-        sessions = SessionPool(settings, store)
+        sessions = SessionPool(settings, on)
         sessions.attach(pool, FakeBackend(), group)  # type: ignore[arg-type]
         yield sessions
-        await sessions.close()
+        if not killed:
+            await sessions.close()
         await pool.close()
         group.cancel_scope.cancel()
 

@@ -4,8 +4,7 @@ programs they ran (the real servers: tests/integration/test_checkpoints.py, test
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +13,9 @@ import pytest
 
 from mcp_sandbox import sessions as sessions_module
 from mcp_sandbox.backends.base import Executor, SandboxDied
-from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.sessions import Resumed, SessionPool, SessionState, account
-from mcp_sandbox.settings import Settings
-from mcp_sandbox.store import DirectoryStore, SavedState
-from tests.unit.test_hibernation import FakeBackend, StatefulExecutor
+from mcp_sandbox.store import SavedState
+from tests.unit.test_hibernation import StatefulExecutor, pool_of_sessions
 
 pytestmark = pytest.mark.anyio
 
@@ -120,24 +117,13 @@ class Sandboxes:
             holder.dead_unnoticed = True
 
 
-@asynccontextmanager
-async def server(
-    state: Path, sandboxes: Sandboxes, *, store: bool = True, killed: bool = False, **overrides: Any
-) -> AsyncIterator[SessionPool]:
-    """A SessionPool as a server has it, on the store in `state` (a restart: a second one on it).
-    `killed`: it ends as a SIGKILL ends it, with no closing checkpoint and its leases left to run out."""
-    options = {"interrupt_grace": 0.05, "max_sessions": 20, "hibernate_after": 0, "lease_seconds": 1}
-    settings = Settings(**{**options, **overrides})
-    on = DirectoryStore(state, max_session_bytes=2**20, max_total_bytes=2**24) if store else None
-    async with anyio.create_task_group() as group:
-        pool = ReadyPool(sandboxes.start, size=1, task_group=group, acquire_timeout=2)
-        sessions = SessionPool(settings, on)
-        sessions.attach(pool, FakeBackend(), group)  # type: ignore[arg-type]
-        yield sessions
-        if not killed:
-            await sessions.close()
-        await pool.close()
-        group.cancel_scope.cancel()
+def server(
+    tmp_path: Path, sandboxes: Sandboxes, *, store: bool = True, killed: bool = False, **overrides: Any
+) -> AbstractAsyncContextManager[SessionPool]:
+    """A server's SessionPool on the store in `tmp_path`, whose leases run out in a second."""
+    return pool_of_sessions(
+        tmp_path, start=sandboxes.start, store=store, killed=killed, **{"lease_seconds": 1, **overrides}
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -264,7 +250,7 @@ async def test_the_record_is_written_once_per_checkpoint_not_once_per_call(
 ) -> None:
     monkeypatch.setattr(sessions_module, "CHECKPOINT_QUIET", 60)  # no checkpoint comes between the calls
     sandboxes = Sandboxes()
-    records = tmp_path / "records"
+    records = tmp_path / "state" / "records"
     async with server(tmp_path, sandboxes, killed=True) as first:
         await first.run("a1", timeout=1, session_id="a")
         (record,) = records.glob("*.record")

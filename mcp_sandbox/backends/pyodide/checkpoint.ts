@@ -97,8 +97,7 @@ function changedPages(heap: Uint8Array, cleanMemory: Uint8Array): number[] {
 // Why Python's state cannot be carried to another sandbox now, or null.
 function whyNotPortable(clean: CleanState, jsHolders: () => string[]): string | null {
   const module = clean.module;
-  const table = module.wasmTable;
-  if (clean.wasmTableEntries.some((entry, i) => table.get(i) !== entry)) {
+  if (clean.cleanSlotsChanged()) {
     return "a C callback (ctypes) changed the function table, which cannot be carried to another sandbox; " +
       "restart the session (reset_session) if it must survive";
   }

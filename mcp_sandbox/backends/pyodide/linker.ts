@@ -47,7 +47,7 @@ export type LinkerRecord = {
 
 //: More table slots than this past the clean point and a sandbox is replaced rather than recycled:
 //: a table cannot shrink, and each library loaded after a recycle takes new slots.
-export const MAX_TABLE_GROWTH = 1 << 18;
+const MAX_TABLE_GROWTH = 1 << 18;
 
 let table: WebAssembly.Table | null = null;
 let recording = false;
@@ -119,22 +119,14 @@ export class LinkerClean {
   private readonly handles: Set<string>;
   private readonly got: Map<string, number>;
   readonly table: number;
-  // The table's length after the last reset: slots from `table` up to it are empty, not freed.
-  private tableAfterReset: number;
 
   constructor(private readonly module: LinkerModule) {
     this.names = new Set(Object.keys(module.LDSO.loadedLibsByName));
     this.handles = new Set(Object.keys(module.LDSO.loadedLibsByHandle));
     this.got = new Map(Object.entries(module.GOT).map(([name, entry]) => [name, Number(entry.value)]));
-    this.table = this.tableAfterReset = module.wasmTable.length;
+    this.table = module.wasmTable.length;
     allocations.length = 0;
     recording = true;
-  }
-
-  // Whether a library was loaded since the clean point.
-  changed(): boolean {
-    return Object.keys(this.module.LDSO.loadedLibsByName).length !== this.names.size ||
-      this.module.wasmTable.length !== this.tableAfterReset;
   }
 
   record(): LinkerRecord {
@@ -211,7 +203,6 @@ export class LinkerClean {
       else if (Number(module.GOT[name].value) !== before) module.GOT[name].value = before;
     }
     for (let slot = this.table; slot < module.wasmTable.length; slot++) module.wasmTable.set(slot, null);
-    this.tableAfterReset = module.wasmTable.length;
     allocations.length = 0;
     return null;
   }

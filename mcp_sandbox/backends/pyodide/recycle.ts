@@ -346,6 +346,12 @@ export class CleanState {
     for (const record of this.data.values()) record.node.ctime = record.ctime = 0;
   }
 
+  // A clean slot of the function table holds something else: a C callback (ctypes) filled it.
+  cleanSlotsChanged(): boolean {
+    const table = this.module.wasmTable;
+    return this.wasmTableEntries.some((entry, i) => table.get(i) !== entry);
+  }
+
   recycle(): RecycleOutcome {
     // Packages loaded since are forgotten with their files (restoreFiles) and libraries (linker).
     for (const name of Object.keys(this.loadedPackages)) {
@@ -373,9 +379,7 @@ export class CleanState {
     if (module.HEAP8.buffer.byteLength - this.memory.length > MAX_MEMORY_GROWTH) {
       return `its memory grew to ${Math.round(module.HEAP8.buffer.byteLength / 2 ** 20)} MB`;
     }
-    if (this.wasmTableEntries.some((entry, i) => module.wasmTable.get(i) !== entry)) {
-      return "it changed the function table (a C callback)";
-    }
+    if (this.cleanSlotsChanged()) return "it changed the function table (a C callback)";
     if (handlerGetter("onmessage")?.call(globalThis) !== this.onmessage) return "its message handler was replaced";
     for (const name of HANDLERS.slice(1)) {
       if (handlerGetter(name)?.call(globalThis)) return `it set ${name}`;
