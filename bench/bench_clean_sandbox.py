@@ -57,6 +57,8 @@ MIXED_CLIENTS, MIXED_CALLS = 16, 20
 MIX = ["session", "sessionless", "session", "timeout", "session", "crash", "session", "sessionless"]
 #: A sandbox that exits (inprocess has no sandbox to crash: os._exit would end the server).
 CRASH = "import os\nos._exit(3)"
+#: What agents time out on most: a wait (a polling loop's sleep).
+TIMEOUT = "import time\ntime.sleep(5)"
 PHASE_LIMIT_S = 300.0
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "clean_sandbox.json"
 
@@ -117,7 +119,7 @@ def mixed_call(client_index: int, call: int) -> tuple[str, dict[str, Any]]:
     if kind == "session":
         return kind, {"code": "n = globals().get('n', 0) + 1\nn", "session_id": state}
     if kind == "timeout":
-        return kind, {"code": "while True:\n    pass", "session_id": state, "timeout": 1}
+        return kind, {"code": TIMEOUT, "session_id": state, "timeout": 1}
     if kind == "crash":
         return kind, {"code": CRASH, "session_id": crashy}
     return kind, {"code": CODE}
@@ -174,16 +176,18 @@ async def mixed(url: str) -> dict[str, Any]:
     }
 
 
-async def measure_config(name: str, bridge_config: Path) -> dict[str, Any]:
+async def measure_config(name: str, bridge_config: Path, only_mixed: bool) -> dict[str, Any]:
     marker = f"MCP_SANDBOX_BENCH_MARKER={os.getpid()}-{name}"
     env = {**os.environ, **SERVER_ENV, **CONFIGS[name], marker.split("=")[0]: marker.split("=")[1]}
     env["MCP_SANDBOX_BRIDGE_CONFIG"] = str(bridge_config)
     params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_sandbox"], env=env)
-    with anyio.fail_after(PHASE_LIMIT_S):
-        async with Client(params) as client:
-            server = server_pid(marker)
-            assert server is not None
-            row = await sessionless(client, server)
+    row: dict[str, Any] = {}
+    if not only_mixed:
+        with anyio.fail_after(PHASE_LIMIT_S):
+            async with Client(params) as client:
+                server = server_pid(marker)
+                assert server is not None
+                row = await sessionless(client, server)
     port = 18_600 + list(CONFIGS).index(name)
     command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", "http", "--port", str(port)]
     async with await anyio.open_process(command, env=env) as process:
@@ -229,6 +233,8 @@ def table(results: dict[str, Any]) -> str:
     lines = [f"mcp-sandbox clean sandbox — {results['date']}, {results['cpu_count']} cores, pool of 8"]
     lines.append(f"{'':<42}" + "".join(f"{name:>22}" for name in names))
     for label, key, form in ROWS:
+        if any(key not in results["configs"][name] for name in names):
+            continue
         cells = "".join(f"{form.format(results['configs'][name][key]):>22}" for name in names)
         lines.append(f"{label:<42}{cells}")
     for name in names:
@@ -241,7 +247,7 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def measure(configs: list[str]) -> dict[str, Any]:
+async def measure(configs: list[str], only_mixed: bool) -> dict[str, Any]:
     results: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
@@ -253,7 +259,7 @@ async def measure(configs: list[str]) -> dict[str, Any]:
         bridge_config.write_text(json.dumps({"mcpServers": {"calc": UPSTREAM}}))
         for name in configs:
             print(f"measuring {name} ...", file=sys.stderr)
-            results["configs"][name] = await measure_config(name, bridge_config)
+            results["configs"][name] = await measure_config(name, bridge_config, only_mixed)
     return results
 
 
@@ -261,11 +267,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--only-mixed", action="store_true", help="the mixed load alone")
     args = parser.parse_args()
     configs = [name.strip() for name in args.configs.split(",") if name.strip()]
     if not configs or set(configs) - set(CONFIGS):
         parser.error(f"--configs takes names from {', '.join(CONFIGS)}")
-    results = anyio.run(measure, configs)
+    results = anyio.run(measure, configs, args.only_mixed)
     print(table(results))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

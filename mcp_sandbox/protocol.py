@@ -34,8 +34,14 @@ A blocking tool call uses shared memory: the worker posts the tool_call with ``s
 sleeps in ``Atomics.wait(syncState, SYNC_STATE, SYNC_WAITING)``; the main thread writes the
 reply's UTF-8 bytes into ``syncData`` (grown to fit, at most SYNC_REPLY_MAX_BYTES), their length
 into ``syncState[SYNC_LENGTH]``, and sets ``syncState[SYNC_STATE]`` to SYNC_REPLY_READY, or to
-SYNC_INTERRUPTED when the run is interrupted. Writing INTERRUPT_SIGNAL into ``interruptBuffer``
-raises KeyboardInterrupt in the running Python code.
+SYNC_INTERRUPTED when the run is interrupted.
+
+Stopping a run uses shared memory too: ``signals`` (an Int32Array of two). The main thread writes
+INTERRUPT_SIGNAL into ``signals[SIGNAL_INTERRUPT]`` (Pyodide's interrupt buffer: KeyboardInterrupt
+in the running Python code) and, for a ``kill``, 1 into ``signals[SIGNAL_KILL]`` (the worker's
+runtime throws at its next check, ending the worker); it then notifies both, waking a sleeping
+program. A worker that ends during a run is replaced by a new one, made from the compiled module
+the first worker handed over on its private channel (``WorkerModule``).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ except ImportError:  # inside a sandbox: the standard library's serves
 Uint8Array = NewType("Uint8Array", object)
 MessagePort = NewType("MessagePort", object)
 Int32Array = NewType("Int32Array", object)
+WasmModule = NewType("WasmModule", object)
 SharedArrayBuffer = NewType("SharedArrayBuffer", object)
 
 # --- Size caps and constants (each has this one value, in Python and in TypeScript) ---
@@ -70,6 +77,10 @@ SYNC_STATE, SYNC_LENGTH = 0, 1
 SYNC_WAITING, SYNC_REPLY_READY, SYNC_INTERRUPTED = 0, 1, 2
 #: What the runner writes into Pyodide's interrupt buffer: SIGINT, raising KeyboardInterrupt.
 INTERRUPT_SIGNAL = 2
+#: Slots of ``signals`` (an Int32Array of two): Pyodide's interrupt buffer, and the kill flag.
+SIGNAL_INTERRUPT, SIGNAL_KILL = 0, 1
+#: Seconds a killed program's worker gets to end and be replaced before its process is killed.
+KILL_WAIT = 1.0
 #: The runner's exit status when its sandbox is gone for good (worker crashed or exited).
 EXIT_SANDBOX_GONE = 70
 #: The JIT warm-up runs only after this long without a message from the host.
@@ -253,6 +264,9 @@ class InitMessage(TypedDict):
     checkpoint_dir: NotRequired[str]
     #: (Pyodide) packages of the packages folder to load and import before the clean point.
     preload: NotRequired[list[str]]
+    #: (Pyodide) the most WebAssembly memory the interpreter may grow to, in bytes: past it an
+    #: allocation fails with MemoryError, and the sandbox goes on.
+    memory_max_bytes: NotRequired[int]
 
 
 class RunMessage(TypedDict):
@@ -269,6 +283,14 @@ class InterruptMessage(TypedDict):
     """Raise KeyboardInterrupt in run ``id`` if it is still running (ignored otherwise)."""
 
     type: Literal["interrupt"]
+    id: int
+
+
+class KillMessage(TypedDict):
+    """(Pyodide) Run ``id`` ignored its interrupt: end it at the interpreter's next check, and
+    replace the worker (answered by ``crashed`` with ``renewed``, then ``ready``)."""
+
+    type: Literal["kill"]
     id: int
 
 
@@ -320,6 +342,7 @@ HostMessage = (
     InitMessage
     | RunMessage
     | InterruptMessage
+    | KillMessage
     | JitWarmUpMessage
     | ToolResultMessage
     | RecycleMessage
@@ -348,11 +371,14 @@ class ResultMessage(TypedDict):
 
 
 class CrashedMessage(TypedDict):
-    """The runtime itself failed during run ``id``; the sandbox is unusable."""
+    """The runtime itself failed during run ``id``, or was killed; its state is gone. The
+    sandbox is unusable unless ``renewed``: the runner is replacing its worker with a new one in
+    the same process, as clean as a new sandbox, whose ``ready`` (or ``fatal``) follows."""
 
     type: Literal["crashed"]
     id: int | None
     message: str
+    renewed: NotRequired[bool]
 
 
 class FatalMessage(TypedDict):
@@ -503,7 +529,7 @@ class WorkerInit(TypedDict):
     type: Literal["init"]
     guest_modules: list[tuple[str, str]]
     limits: GuestLimits
-    interruptBuffer: Uint8Array
+    signals: Int32Array
     syncState: Int32Array
     syncData: SharedArrayBuffer
     #: The private channel for ControlRequest and ControlAnswer (transferred, never on globalThis).
@@ -511,6 +537,10 @@ class WorkerInit(TypedDict):
     packagesDir: NotRequired[str]
     snapshot: NotRequired[str]
     preload: NotRequired[list[str]]
+    memoryMaxBytes: NotRequired[int]
+    #: Pyodide's compiled WebAssembly, from the first worker (WorkerModule): a replacement
+    #: instantiates it instead of compiling the binary again.
+    module: NotRequired[WasmModule]
 
 
 class DataFile(TypedDict):
@@ -562,7 +592,15 @@ class WorkerRestore(TypedDict):
     blob: Uint8Array
 
 
-ControlRequest = WorkerRecycle | WorkerCheckpoint | WorkerRestore
+class WorkerKill(TypedDict):
+    """Kill run ``id`` (a ControlRequest, handled at once, never answered): a worker that gets it
+    is idle, its program parked in an await, so it ends the run with a ``crashed``."""
+
+    type: Literal["kill"]
+    id: int
+
+
+ControlRequest = WorkerRecycle | WorkerCheckpoint | WorkerRestore | WorkerKill
 
 
 class ControlAnswer(TypedDict):
@@ -570,6 +608,13 @@ class ControlAnswer(TypedDict):
 
     json: str
     blob: NotRequired[Uint8Array]
+
+
+class WorkerModule(TypedDict):
+    """Sent once on the private channel, before ``ready``: the compiled Pyodide module, kept by
+    the main thread to start a replacement worker from."""
+
+    module: WasmModule
 
 
 WorkerMessage = WorkerInit | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage

@@ -331,9 +331,13 @@ class SessionPool:
         return session.executor, resumed
 
     async def _lose_sandbox(self, session: Session) -> None:
-        assert session.executor is not None
-        await session.executor.close()
+        executor = session.executor
+        assert executor is not None
         session.executor, session.state = None, SessionState.LOST
+        if executor.alive:
+            await self._ready_pool.release(executor)  # renewed in place (Executor.renew): clean again
+        else:
+            await executor.close()
 
     async def _start_fresh(self, session: Session) -> None:
         """The caller is told the session's variables are gone: from now on it has nothing more

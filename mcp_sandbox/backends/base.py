@@ -20,6 +20,7 @@ import anyio.abc
 from mcp_sandbox.packages import Lock, cached_pyodide_lock, host_import_note
 from mcp_sandbox.protocol import (
     DATA_DIR,
+    KILL_WAIT,
     OUTPUT_DIR,
     GuestFile,
     GuestLimits,
@@ -36,9 +37,14 @@ logger = logging.getLogger(__name__)
 class SandboxDied(Exception):
     """The sandbox process is gone or unusable; its session's state is lost."""
 
-    def __init__(self, message: str, error_type: SandboxErrorType = "SandboxCrash") -> None:
+    def __init__(
+        self, message: str, error_type: SandboxErrorType = "SandboxCrash", *, renewed: bool = False
+    ) -> None:
         super().__init__(message)
         self.error_type: SandboxErrorType = error_type
+        #: The sandbox is replacing what died in place (pyodide: a new worker in the same
+        #: process): `renew` waits for it, and the sandbox serves again, clean.
+        self.renewed = renewed
 
 
 class SandboxStartError(Exception):
@@ -208,6 +214,8 @@ class Executor(ABC):
     """
 
     backend: ClassVar[str]
+    #: It can `kill` a program that ignores its interrupt without being closed.
+    can_kill: ClassVar[bool] = False
 
     def __init__(self, limits: ExecutorLimits, hooks: ExecutorHooks) -> None:
         self.limits = limits
@@ -230,6 +238,15 @@ class Executor(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Stop the sandbox and free everything it holds. Safe to call twice."""
+
+    async def kill(self) -> None:  # noqa: B027 - optional: only with can_kill
+        """End the running program that ignored its interrupt, losing the sandbox's state but not
+        the sandbox: the run then ends in SandboxDied with `renewed`. Returns at once."""
+
+    async def renew(self) -> bool:
+        """Wait until the sandbox has replaced what died (SandboxDied with `renewed`): True when it
+        serves again, clean as a new one; False when it cannot (the caller then closes it)."""
+        return False
 
     async def recycle(self) -> str | None:
         """Put the sandbox back into its clean state in place, between runs, so another caller can
@@ -306,6 +323,19 @@ class Executor(ABC):
                 max_kept_output_chars=self.limits.guest["max_kept_output_chars"],
             )
 
+        def interrupted(outcome: ExecutionResult) -> ExecutionResult:
+            if outcome.error_type != "KeyboardInterrupt":
+                return outcome  # it finished on its own just as the deadline passed
+            return ExecutionResult.failure(
+                "Timeout",
+                f"Execution timed out after {timeout:g} s and was interrupted; "
+                "the session's variables are kept.",
+                backend=self.backend,
+                duration_ms=elapsed_ms(),
+                stdout=outcome.stdout,
+                stderr=outcome.stderr,
+            )
+
         self.found_dead = False
         try:
             try:
@@ -319,31 +349,32 @@ class Executor(ABC):
             if self._tool_calls is not None:
                 self._tool_calls.cancel_all()
             with anyio.move_on_after(grace):
-                interrupted = finished(await self._await_outcome())
-                if interrupted.error_type != "KeyboardInterrupt":
-                    # It finished on its own just as the deadline passed.
-                    return interrupted
-                return ExecutionResult.failure(
-                    "Timeout",
-                    f"Execution timed out after {timeout:g} s and was interrupted; "
-                    "the session's variables are kept.",
-                    backend=self.backend,
-                    duration_ms=elapsed_ms(),
-                    stdout=interrupted.stdout,
-                    stderr=interrupted.stderr,
+                return interrupted(finished(await self._await_outcome()))
+            renewed = False
+            if self.can_kill:
+                logger.info(
+                    "%s sandbox ignored the interrupt for %g s; killing the program", self.backend, grace
                 )
-            logger.warning("%s sandbox ignored the interrupt for %g s; killing it", self.backend, grace)
-            await self.close()
+                await self.kill()
+                with anyio.move_on_after(KILL_WAIT):
+                    try:
+                        return interrupted(finished(await self._await_outcome()))
+                    except SandboxDied as died:
+                        renewed = died.renewed
+            if not (renewed and await self.renew()):
+                logger.warning("%s sandbox ignored the interrupt for %g s; killing it", self.backend, grace)
+                await self.close()
             return ExecutionResult.failure(
                 "Timeout",
                 f"Execution timed out after {timeout:g} s and did not stop when interrupted, "
-                "so its sandbox was killed; the session's state is lost and its next call starts fresh.",
+                "so it was killed; the session's variables are gone with it.",
                 backend=self.backend,
                 duration_ms=elapsed_ms(),
                 session_lost=True,
             )
         except SandboxDied as died:
-            await self.close()
+            if not (died.renewed and await self.renew()):
+                await self.close()
             return ExecutionResult.failure(
                 died.error_type, str(died), backend=self.backend, duration_ms=elapsed_ms(), session_lost=True
             )

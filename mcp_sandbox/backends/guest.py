@@ -567,7 +567,7 @@ class Interpreter:
             with self.capturing(stdout, stderr):
                 value = program.run(self.namespace)
         except BaseException as error:  # noqa: BLE001 - every failure is reported, not raised
-            return _outcome(stdout, stderr, max_output_chars, error=error)
+            return _outcome(stdout, stderr, max_output_chars, error=_as_interrupt(error))
         return _outcome(stdout, stderr, max_output_chars, value=value)
 
     async def _run_async(
@@ -577,22 +577,143 @@ class Interpreter:
             with self.capturing(stdout, stderr):
                 value = await program.run_async(self.namespace)
         except BaseException as error:  # noqa: BLE001 - every failure is reported, not raised
-            return _outcome(stdout, stderr, max_output_chars, error=error)
+            return _outcome(stdout, stderr, max_output_chars, error=_as_interrupt(error))
         return _outcome(stdout, stderr, max_output_chars, value=value)
 
     @contextmanager
     def capturing(self, stdout: CappedText, stderr: CappedText) -> Iterator[None]:
-        """Send the program's sys.stdout and sys.stderr to the run's streams.
+        """Send the program's sys.stdout and sys.stderr to the run's streams, and give it a
+        sys.stdin with nothing to read.
 
         A sandbox process has one program at a time, so swapping the sys attributes is enough;
         the in-process executor overrides this to route per thread.
         """
-        saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = stdout, stderr
+        saved = sys.stdout, sys.stderr, sys.stdin
+        sys.stdout, sys.stderr, sys.stdin = stdout, stderr, NO_INPUT
         try:
             yield
         finally:
-            sys.stdout, sys.stderr = saved
+            sys.stdout, sys.stderr, sys.stdin = saved
+
+
+class NoInput(io.TextIOBase):
+    """A sandbox's stdin: nobody is there to type, so reading fails at once instead of waiting
+    for the timeout."""
+
+    MESSAGE = (
+        "there is no input in the sandbox: input() and sys.stdin have nothing to read "
+        "(put the data in the code, or read it from data/)"
+    )
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> str:
+        raise EOFError(self.MESSAGE)
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        raise EOFError(self.MESSAGE)
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation(self.MESSAGE)
+
+
+NO_INPUT = NoInput()
+
+
+def install_waits(wait: Callable[[float], None]) -> None:
+    """(Pyodide) Make the standard library's waits sleep in `wait`, which blocks without using
+    the CPU and raises KeyboardInterrupt when the run is interrupted, instead of spinning.
+
+    Covers time.sleep (however imported, as this runs before any program), select.select with
+    no files, and every timed wait of threading and queue (Condition.wait sleeps on a fresh lock,
+    which with one thread nothing can release meanwhile)."""
+    import select
+    import time
+
+    def sleep(seconds: Any) -> None:
+        if seconds < 0:
+            raise ValueError("sleep length must be non-negative")
+        wait(float(seconds))
+
+    real_select = select.select
+
+    def select_files(rlist: Any, wlist: Any, xlist: Any, timeout: float | None = None) -> Any:
+        if rlist or wlist or xlist:
+            return real_select(rlist, wlist, xlist, timeout)
+        sleep(float("inf") if timeout is None else timeout)
+        return [], [], []
+
+    real_lock = threading._allocate_lock  # type: ignore[attr-defined]
+
+    class SleepingLock:
+        __slots__ = ("_lock",)
+
+        def __init__(self) -> None:
+            self._lock = real_lock()
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            if self._lock.acquire(False):
+                return True
+            if not blocking:
+                return False
+            sleep(float("inf") if timeout < 0 else timeout)
+            return bool(self._lock.acquire(False))
+
+        def release(self) -> None:
+            self._lock.release()
+
+        def locked(self) -> bool:
+            return bool(self._lock.locked())
+
+        __enter__ = acquire
+
+        def __exit__(self, *exc: object) -> None:
+            self._lock.release()
+
+    time.sleep = sleep
+    select.select = select_files
+    threading._allocate_lock = SleepingLock  # type: ignore[attr-defined]
+
+
+#: (Pyodide) The task of the program that awaits, while it runs: an interrupt cancels it.
+_awaiting: Any = None
+_interrupted = False
+
+
+def run_task(pending: Any) -> Any:
+    """(Pyodide) Run an awaiting program's outcome as a task of the loop, so it can be cancelled."""
+    global _awaiting
+    import asyncio
+
+    _awaiting = asyncio.ensure_future(pending)
+    _awaiting.add_done_callback(_forget)
+    return _awaiting
+
+
+def _as_interrupt(error: BaseException) -> BaseException:
+    """A cancellation by `cancel_run` is the run's interrupt, as when the program computes."""
+    return KeyboardInterrupt() if _interrupted and type(error).__name__ == "CancelledError" else error
+
+
+def _forget(task: Any) -> None:
+    global _awaiting
+    if _awaiting is task:
+        _awaiting = None
+
+
+def cancel_run() -> bool:
+    """(Pyodide) The run was interrupted while its program awaited (a top-level `await`, or
+    asyncio.run blocked through stack switching): cancel every pending task, so it ends with
+    KeyboardInterrupt. False when nothing was pending."""
+    global _interrupted
+    import asyncio
+
+    pending = [task for task in asyncio.all_tasks(asyncio.get_event_loop()) if not task.done()]
+    for task in pending:
+        task.cancel()
+    _interrupted = _interrupted or bool(pending)
+    return bool(pending)
 
 
 def _scan_output() -> dict[str, tuple[int, int]]:
@@ -785,6 +906,8 @@ def deliver(channel: ToolChannel, call: int, reply: str) -> None:
 
 def run_json(interpreter: Interpreter, code: str, tools_manifest: str | None = None) -> str | Any:
     """A run for runners that speak JSON: the outcome as JSON text, or an awaitable of it."""
+    global _interrupted
+    _interrupted = False
     if tools_manifest is not None:
         interpreter.install_tools(tools_manifest)
     outcome = interpreter.run(code)

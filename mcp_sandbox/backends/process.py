@@ -38,6 +38,8 @@ STDERR_TAIL_BYTES = 4096
 MB = 1024 * 1024
 #: Seconds between two looks at a sandbox's resident memory.
 MEMORY_POLL = 0.1
+#: Seconds a sandbox may take to replace a crashed worker (pyodide: about 0.4 s of a core).
+RENEW_TIMEOUT = 30.0
 
 #: Validates what a runner sends (refusing any field the protocol does not name).
 RUNNER_MESSAGE: TypeAdapter[RunnerMessage] = TypeAdapter(
@@ -102,7 +104,7 @@ class ProcessExecutor(Executor):
         process: anyio.abc.Process,
         limits: ExecutorLimits,
         hooks: ExecutorHooks,
-        **init_fields: str | list[str],
+        **init_fields: str | list[str] | int,
     ) -> None:
         """`init_fields`: the host folders the sandbox reads, the hosts it may reach and the
         packages it preloads, as the `init` message names them."""
@@ -142,6 +144,9 @@ class ProcessExecutor(Executor):
 
     async def initialize(self) -> None:
         await self._send(self._init)
+        await self._await_ready()
+
+    async def _await_ready(self) -> None:
         message = await self._next_message()
         if isinstance(message, Malformed):
             raise SandboxDied(f"the sandbox's first message, {message.kind!r}, did not match the protocol")
@@ -182,7 +187,8 @@ class ProcessExecutor(Executor):
             if message["type"] == "result" and message["id"] == self._run_id:
                 return message["outcome"]
             if message["type"] == "crashed" and message["id"] == self._run_id:
-                raise SandboxDied(f"the sandbox crashed: {message['message']}")
+                renewed = message.get("renewed", False)
+                raise SandboxDied(f"the sandbox crashed: {message['message']}", renewed=renewed)
             if message["type"] == "fatal":
                 raise SandboxDied(f"the sandbox runner failed: {message['message']}")
             if message["type"] == "progress":
@@ -239,6 +245,24 @@ class ProcessExecutor(Executor):
             await self._send({"type": "interrupt", "id": self._run_id})
         except SandboxDied:
             pass
+
+    async def kill(self) -> None:
+        try:
+            await self._send({"type": "kill", "id": self._run_id})
+        except SandboxDied:
+            pass
+
+    async def renew(self) -> bool:
+        try:
+            with anyio.fail_after(RENEW_TIMEOUT):
+                await self._await_ready()
+        except (SandboxDied, TimeoutError) as error:
+            logger.warning("%s sandbox %d could not replace its worker: %s", self.backend, self.pid, error)
+            return False
+        # The new worker's guest has no `tools` yet; its JIT warm-up is not needed again: the
+        # compiled code it shares with the old one is warm.
+        self._tools_version = -1
+        return True
 
     async def close(self) -> None:
         if self._closed:

@@ -11,11 +11,13 @@ promises: `Blocked`, `Contained` (a given error_type, and the server keeps servi
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -424,6 +426,19 @@ def result_lacks_any(*words: str) -> Check:
         return f"the result {got!r} shows {found}" if found else None
 
     return check
+
+
+def read_nothing(host: Host, reply: Reply) -> Awaitable[str | None]:
+    """Each way of reading stdin (the attack's list) failed with an error, or read nothing."""
+
+    async def check() -> str | None:
+        if reply.get("error_type") is not None:
+            return f"reading stdin did not fail at once: {reply.summary()}"
+        attempts = ast.literal_eval(str(reply.get("result")))
+        read = [got for got in attempts if got not in ("''", "b''") and not re.fullmatch(r"[A-Z]\w*", got)]
+        return f"stdin gave {read}" if read else None
+
+    return check()
 
 
 def error_is(*error_types: str) -> Check:
@@ -1192,6 +1207,30 @@ ATTACKS: list[Attack] = [
         all_of(no_file("escaped"), result_lacks("wrote")),
         pyodide_only(),
         session="crash",
+    ),
+    # --- the runner's stdin, where the host's messages arrive ---
+    Attack(
+        "read_the_runners_stdin",
+        program("""
+            import os, sys
+            got = []
+            attempts = [
+                input, lambda: sys.stdin.read(1), lambda: sys.__stdin__.read(1), lambda: os.read(0, 1),
+                lambda: __import__("js").Deno.stdin.readSync(__import__("js").Uint8Array.new(64)),
+            ]
+            for attempt in attempts:
+                try:
+                    got.append(repr(attempt()))
+                except BaseException as error:
+                    got.append(type(error).__name__)
+            got
+        """),
+        read_nothing,
+        on(
+            pyodide=BLOCKED,
+            subprocess=BLOCKED,
+            inprocess=Skip(f"{README_INPROCESS}: its stdin is the server's own, the MCP transport"),
+        ),
     ),
     # --- forged protocol lines ---
     Attack(

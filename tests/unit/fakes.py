@@ -73,3 +73,32 @@ class FakeExecutor(Executor):
 
     async def close(self) -> None:
         self.closed = True
+
+
+class KillableExecutor(FakeExecutor):
+    """A FakeExecutor that can `kill` (as pyodide's kill flag does): a stubborn "hang" then ends
+    in a renewed death, unless `kill_works` is False; "crash" dies renewed; `renew` succeeds
+    unless `renews` is False."""
+
+    can_kill = True
+
+    def __init__(self, *, stubborn: bool = False, kill_works: bool = True, renews: bool = True) -> None:
+        super().__init__(stubborn=stubborn)
+        self.kill_works, self.renews = kill_works, renews
+        self.killed = anyio.Event()
+        self.renewed = 0
+
+    async def _await_outcome(self) -> GuestOutcome:
+        if self._code == "crash":
+            raise SandboxDied("the fake worker crashed", renewed=True)
+        if self._code == "hang" and self.stubborn and self.kill_works:
+            await self.killed.wait()
+            raise SandboxDied("killed", renewed=True)
+        return await super()._await_outcome()
+
+    async def kill(self) -> None:
+        self.killed.set()
+
+    async def renew(self) -> bool:
+        self.renewed += 1
+        return self.renews

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.fakes import FakeExecutor
+from tests.unit.fakes import FakeExecutor, KillableExecutor
 
 pytestmark = pytest.mark.anyio
 
@@ -25,6 +25,28 @@ async def test_a_program_that_ignores_the_interrupt_is_killed() -> None:  # grac
     executor = FakeExecutor(stubborn=True)
     result = await executor.run("hang", 0.05)
     assert result.error_type == "Timeout" and result.session_lost and executor.closed
+
+
+async def test_a_program_that_ignores_the_interrupt_is_killed_and_its_sandbox_renewed() -> None:
+    executor = KillableExecutor(stubborn=True)
+    result = await executor.run("hang", 0.05)
+    assert result.error_type == "Timeout" and result.session_lost, result
+    assert executor.killed.is_set() and executor.renewed == 1 and not executor.closed
+
+
+@pytest.mark.parametrize(("kill_works", "renews"), [(False, True), (True, False)])
+async def test_a_kill_that_fails_closes_the_sandbox(kill_works: bool, renews: bool) -> None:
+    executor = KillableExecutor(stubborn=True, kill_works=kill_works, renews=renews)
+    result = await executor.run("hang", 0.05)
+    assert result.error_type == "Timeout" and result.session_lost and executor.closed
+
+
+async def test_a_crash_in_a_renewing_sandbox_keeps_the_sandbox() -> None:
+    executor = KillableExecutor()
+    result = await executor.run("crash", 1)
+    assert result.error_type == "SandboxCrash" and result.session_lost, result
+    assert executor.renewed == 1 and not executor.closed and executor.alive
+    assert (await executor.run("'again'", 1)).result == "'again'"
 
 
 async def test_a_dead_sandbox_is_a_crash() -> None:

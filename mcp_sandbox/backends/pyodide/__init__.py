@@ -287,7 +287,7 @@ class PyodideBackend(Backend):
             "--cached-only",
             # Lets the runner give its worker, where sandboxed code runs, fewer permissions still.
             "--unstable-worker-options",
-            # The JavaScript heap's own cap; WebAssembly memory is capped by the host's watchdog.
+            # The JavaScript heap's own cap; WebAssembly memory has its own maximum (memory_max_bytes).
             f"--v8-flags=--max-old-space-size={self._settings.memory_mb}",
             "--config",
             str(self._runner / "deno.json"),
@@ -331,11 +331,15 @@ class PyodideBackend(Backend):
             folders["snapshot"] = str(self._snapshot)
         folders["checkpoint_dir"] = str(checkpoint_dir)
         preload = {"preload": self.preload} if self.preload else {}
-        executor = PyodideExecutor(process, self._limits, self._hooks, **folders, **preload)
+        memory = {"memory_max_bytes": settings.memory_mb * MB}
+        executor = PyodideExecutor(process, self._limits, self._hooks, **folders, **preload, **memory)
         executor.checkpoint_dir = checkpoint_dir
         executor.jit_warm_up_rounds = settings.pyodide_warm_up_rounds
         return await start_process_executor(
-            executor, self._task_group, settings.start_timeout, memory_limit=settings.memory_mb * MB
+            executor,
+            self._task_group,
+            settings.start_timeout,
+            memory_limit=watchdog_limit(settings.memory_mb),
         )
 
     def describe(self) -> str:
@@ -355,11 +359,25 @@ class PyodideBackend(Backend):
         return f"network access only to {allowed} (pyodide.http.pyfetch)" if allowed else "no network"
 
 
+#: MB a Pyodide process holds besides its WebAssembly memory and its JavaScript heap: V8, the
+#: compiled WebAssembly, Deno (an idle sandbox's whole process is about 200 MB).
+PROCESS_MB = 256
+
+
+def watchdog_limit(memory_mb: int) -> int:
+    """Bytes of resident memory past which the watchdog kills a Pyodide sandbox: its WebAssembly
+    memory (capped at `memory_mb`, past which Python gets MemoryError) and its JavaScript heap
+    (capped at `memory_mb` by V8) both full, and the process's own share. A last resort, for
+    growth neither cap sees."""
+    return (2 * memory_mb + PROCESS_MB) * MB
+
+
 class PyodideExecutor(ProcessExecutor):
     backend: ClassVar[str] = "pyodide"
     #: Rounds of the guest's JIT warm-up program to run when idle (0: none); set by the backend.
     jit_warm_up_rounds = 0
     _jit_warm_up_sent = False
+    can_kill = True
 
     async def jit_warm_up(self) -> None:
         if self.jit_warm_up_rounds > 0 and not self._jit_warm_up_sent and self.alive:

@@ -13,7 +13,7 @@
 // - a recycle forgets them (LDSO, GOT, table slots), and the memory copy-back frees their data.
 //
 // The one hook is calloc, which the linker calls from JavaScript for a library's data: it is
-// wrapped when Pyodide's WebAssembly instance is made, before any program runs.
+// wrapped when Pyodide's WebAssembly instance is made (instance.ts), before any program runs.
 
 type Dso = { name: string; global: boolean; refcount: number; exports: unknown };
 type Ldso = { loadedLibsByName: Record<string, Dso>; loadedLibsByHandle: Record<string, Dso> };
@@ -55,33 +55,24 @@ const allocations: Allocation[] = [];
 let replaying: Allocation[] | null = null;
 let replayProblem: string | null = null;
 
-type Instance = { exports: Record<string, unknown> };
-type Imports = { env: Record<string, unknown>; "GOT.func": Record<string, WebAssembly.Global> };
-type Settings = { instantiateWasm?: (imports: Imports, done: (instance: Instance, module: unknown) => void) => unknown };
+export type Instance = { exports: Record<string, unknown> };
+export type Imports = { env: Record<string, unknown>; "GOT.func": Record<string, WebAssembly.Global> };
 type Calloc = (count: number, size: number) => number;
 
-// Wraps Pyodide's module factory so that the JavaScript side of its runtime calls calloc through
-// the hook. Called once, after pyodide.asm.js is imported and before loadPyodide.
-export function hookAllocations(): void {
-  const global = globalThis as unknown as { _createPyodideModule: (settings: Settings) => Promise<unknown> };
-  const create = global._createPyodideModule;
-  global._createPyodideModule = (settings: Settings) => {
-    const instantiate = settings.instantiateWasm;
-    if (instantiate) {
-      settings.instantiateWasm = (imports, done) =>
-        instantiate(imports, (instance, module) => {
-          const calloc = instance.exports.calloc as Calloc;
-          table = imports.env.__indirect_function_table as WebAssembly.Table;
-          // Everything but the runtime's JavaScript keeps the real calloc, in the same table slot
-          // as without the hook (so the function table, and a memory snapshot, are laid out the
-          // same): its GOT entry is set before the runtime would add one, and its symbol after.
-          imports["GOT.func"].calloc.value = slotOf(calloc);
-          done({ exports: { ...instance.exports, calloc: hooked(calloc) } }, module);
-          imports.env.calloc = calloc;
-        });
-    }
-    return create(settings);
-  };
+// The instance the runtime's JavaScript is given, made just after Pyodide's WebAssembly is
+// instantiated (instance.ts): its JavaScript side calls calloc through the hook.
+export function hookCalloc(imports: Imports, instance: Instance): Instance {
+  const calloc = instance.exports.calloc as Calloc;
+  table = imports.env.__indirect_function_table as WebAssembly.Table;
+  // Everything but the runtime's JavaScript keeps the real calloc, in the same table slot as
+  // without the hook (so the function table, and a memory snapshot, are laid out the same): its
+  // GOT entry is set before the runtime would add one, and its symbol after (`restoreCalloc`).
+  imports["GOT.func"].calloc.value = slotOf(calloc);
+  return { exports: { ...instance.exports, calloc: hooked(calloc) } };
+}
+
+export function restoreCalloc(imports: Imports, instance: Instance): void {
+  imports.env.calloc = instance.exports.calloc;
 }
 
 function slotOf(fn: unknown): number {

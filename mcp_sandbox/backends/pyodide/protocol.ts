@@ -8,6 +8,8 @@ export const SYNC_WAITING = 0;
 export const SYNC_REPLY_READY = 1;
 export const SYNC_INTERRUPTED = 2;
 export const INTERRUPT_SIGNAL = 2;
+export const SIGNAL_INTERRUPT = 0;
+export const SIGNAL_KILL = 1;
 export const EXIT_SANDBOX_GONE = 70;
 export const JIT_WARM_UP_IDLE_MS = 250;
 export const JIT_WARM_UP_ROUNDS_AT_START = 3;
@@ -67,6 +69,7 @@ export type InitMessage = {
   snapshot?: string;
   checkpoint_dir?: string;
   preload?: string[];
+  memory_max_bytes?: number;
 };
 
 export type RunMessage = {
@@ -78,6 +81,11 @@ export type RunMessage = {
 
 export type InterruptMessage = {
   type: "interrupt";
+  id: number;
+};
+
+export type KillMessage = {
+  type: "kill";
   id: number;
 };
 
@@ -113,6 +121,7 @@ export type HostMessage =
   | InitMessage
   | RunMessage
   | InterruptMessage
+  | KillMessage
   | JitWarmUpMessage
   | ToolResultMessage
   | RecycleMessage
@@ -137,6 +146,7 @@ export type CrashedMessage = {
   type: "crashed";
   id: number | null;
   message: string;
+  renewed?: boolean;
 };
 
 export type FatalMessage = {
@@ -206,13 +216,15 @@ export type WorkerInit = {
   type: "init";
   guest_modules: [string, string][];
   limits: GuestLimits;
-  interruptBuffer: Uint8Array;
+  signals: Int32Array;
   syncState: Int32Array;
   syncData: SharedArrayBuffer;
   control: MessagePort;
   packagesDir?: string;
   snapshot?: string;
   preload?: string[];
+  memoryMaxBytes?: number;
+  module?: WebAssembly.Module;
 };
 
 export type DataFile = {
@@ -251,14 +263,24 @@ export type WorkerRestore = {
   blob: Uint8Array;
 };
 
+export type WorkerKill = {
+  type: "kill";
+  id: number;
+};
+
 export type ControlRequest =
   | WorkerRecycle
   | WorkerCheckpoint
-  | WorkerRestore;
+  | WorkerRestore
+  | WorkerKill;
 
 export type ControlAnswer = {
   json: string;
   blob?: Uint8Array;
+};
+
+export type WorkerModule = {
+  module: WebAssembly.Module;
 };
 
 export type WorkerMessage =

@@ -7,6 +7,7 @@
 import {
   type CheckpointedMessage,
   type ControlAnswer,
+  type CrashedMessage,
   type ControlRequest,
   EXIT_SANDBOX_GONE,
   type HostMessage,
@@ -16,6 +17,8 @@ import {
   PASSING_KINDS,
   type RestoredMessage,
   type RunnerMessage,
+  SIGNAL_INTERRUPT,
+  SIGNAL_KILL,
   SYNC_DATA_INITIAL_BYTES,
   SYNC_INTERRUPTED,
   SYNC_LENGTH,
@@ -25,6 +28,7 @@ import {
   type WorkerData,
   type WorkerInit,
   type WorkerMessage,
+  type WorkerModule,
   type WorkerPost,
   type WorkerRecycled,
   type WorkerRestore,
@@ -35,14 +39,18 @@ const PASSING = new Set<string>(PASSING_KINDS);
 const encoder = new TextEncoder();
 let token = "";
 let runningId: number | null = null;
-// Pyodide polls this byte; writing 2 (SIGINT) raises KeyboardInterrupt in the running code.
-const interruptBuffer = new Uint8Array(new SharedArrayBuffer(1));
-
-// A blocking tool call (the layout is in protocol.py): the worker sleeps in Atomics.wait until
-// this thread writes the reply into syncData and wakes it.
-const syncState = new Int32Array(new SharedArrayBuffer(8));
-const syncData = new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
+// Shared with the worker (the layout is in protocol.py), and new for each worker. `signals`:
+// Pyodide polls its first word, where INTERRUPT_SIGNAL raises KeyboardInterrupt; the second is the
+// kill flag. A blocking tool call: the worker sleeps in Atomics.wait until this thread writes the
+// reply into syncData and wakes it.
+let signals = new Int32Array(new SharedArrayBuffer(8));
+let syncState = new Int32Array(new SharedArrayBuffer(8));
+let syncData = new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
 let pendingSyncCall: number | null = null;
+// Pyodide's compiled WebAssembly, handed over by the first worker: a replacement starts from it.
+let compiled: WebAssembly.Module | null = null;
+// A replacement worker is starting: its `fatal` ends this process.
+let renewing = false;
 // Requests between runs (recycle, checkpoint, restore) and their answers travel on a private
 // channel: sandboxed code can listen to and post on the worker's own one, but never holds this
 // port, so it can neither see a request nor forge an answer. One request at a time.
@@ -91,6 +99,38 @@ function send(payload: string): void {
 }
 
 let worker: Worker | null = null;
+
+// A worker that ended during a run (a crash, os._exit, a kill) leaves the process as it was: a new
+// worker takes its place, from the compiled module; the host hears of the crash, `renewed`, then
+// of the new worker's `ready`. Ended between runs, or with no module to start from, it is the end.
+function renew(crash: CrashedMessage): void {
+  worker?.terminate();
+  worker = null;
+  runningId = null;
+  pendingSyncCall = null;
+  asked = null;
+  if (compiled === null || init === null) gone(crash);
+  signals = new Int32Array(new SharedArrayBuffer(8));
+  syncState = new Int32Array(new SharedArrayBuffer(8));
+  syncData = new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
+  sentData.clear(); // the new worker's data/ is empty
+  sendMessage({ ...crash, renewed: true });
+  renewing = true;
+  worker = startWorker(init!);
+}
+
+function gone(last: RunnerMessage | null): never {
+  if (last) sendMessage(last);
+  Deno.exit(EXIT_SANDBOX_GONE);
+}
+
+function crashOf(json: string): CrashedMessage {
+  try {
+    const message = JSON.parse(json) as RunnerMessage;
+    if (message.type === "crashed") return message;
+  } catch { /* not JSON: described below */ }
+  return { type: "crashed", id: runningId, message: "the sandbox's worker ended" };
+}
 
 // data/: this thread copies the host's data folder into the worker (regular files only, never
 // links, so nothing outside the folder is read), when a sandbox starts and when a file changes.
@@ -155,6 +195,7 @@ function startWorker(message: InitMessage): Worker {
     deno: { permissions },
   } as WorkerOptions);
   started.onmessage = (event: MessageEvent<WorkerPost>) => {
+    if (started !== worker) return; // a replaced worker's last words
     const { id, json, exiting, syncCall } = event.data;
     if (id === null) {
       // Sandboxed code can post too: between results only these kinds pass, never a result.
@@ -164,36 +205,50 @@ function startWorker(message: InitMessage): Worker {
       } catch {
         kind = undefined;
       }
+      if (renewing && (kind === "ready" || kind === "fatal")) {
+        renewing = false;
+        if (kind === "fatal") {
+          send(json);
+          gone(null);
+        }
+      }
       if (!PASSING.has(kind as string)) {
-        if (exiting) Deno.exit(EXIT_SANDBOX_GONE);
+        if (exiting) gone(null);
         return;
       }
       if (syncCall !== undefined) {
         // The interrupt came between the worker's post and now: wake it instead of calling.
-        if (Atomics.load(interruptBuffer, 0) !== 0) {
+        if (Atomics.load(signals, SIGNAL_INTERRUPT) !== 0) {
           wakeWorker(SYNC_INTERRUPTED);
           return;
         }
         pendingSyncCall = syncCall;
       }
     } else if (id === runningId) {
+      if (exiting) return renew(crashOf(json));
       runningId = null;
     } else {
-      if (exiting) Deno.exit(EXIT_SANDBOX_GONE);
+      if (exiting) gone(null);
       return; // a result for a run that is not running is forged or stale
     }
     send(json);
-    // A worker that crashed or exited is gone for good, and so is this sandbox.
-    if (exiting) Deno.exit(EXIT_SANDBOX_GONE);
+    // A worker that exited between runs is gone for good, and so is this sandbox.
+    if (exiting) gone(null);
   };
   started.onerror = (event: ErrorEvent) => {
     event.preventDefault();
-    sendMessage({ type: "fatal", message: `worker error: ${event.message}` });
-    Deno.exit(EXIT_SANDBOX_GONE);
+    if (started !== worker) return;
+    const message = `worker error: ${event.message}`;
+    if (runningId !== null) renew({ type: "crashed", id: runningId, message });
+    else gone({ type: "fatal", message });
   };
   const channel = new MessageChannel();
   control = channel.port1;
-  control.onmessage = (event: MessageEvent<ControlAnswer>) => {
+  control.onmessage = (event: MessageEvent<ControlAnswer | WorkerModule>) => {
+    if ("module" in event.data) {
+      compiled ??= event.data.module;
+      return;
+    }
     const answer = asked;
     asked = null;
     answer?.(event.data);
@@ -202,10 +257,12 @@ function startWorker(message: InitMessage): Worker {
     type: "init",
     guest_modules: message.guest_modules,
     limits: message.limits,
-    interruptBuffer,
+    signals,
     syncState,
     syncData,
     control: channel.port2,
+    ...(compiled ? { module: compiled } : {}),
+    ...(message.memory_max_bytes ? { memoryMaxBytes: message.memory_max_bytes } : {}),
     ...(message.packages_dir ? { packagesDir: message.packages_dir } : {}),
     ...(message.snapshot ? { snapshot: message.snapshot } : {}),
     ...(message.preload ? { preload: message.preload } : {}),
@@ -230,7 +287,7 @@ function handle(message: HostMessage): void {
       runningId = message.id;
       // Cleared here, in order with `interrupt`: the worker may start the run only after its
       // interrupt has arrived (behind a data sync or a warm-up round), and must still see it.
-      Atomics.store(interruptBuffer, 0, 0);
+      Atomics.store(signals, SIGNAL_INTERRUPT, 0);
       if (worker) sendData(worker, init?.data_dir);
       toWorker(message);
       break;
@@ -240,7 +297,7 @@ function handle(message: HostMessage): void {
     case "recycle":
       runningId = null;
       pendingSyncCall = null;
-      Atomics.store(interruptBuffer, 0, 0);
+      Atomics.store(signals, SIGNAL_INTERRUPT, 0);
       ask({ type: "recycle", id: message.id }, ({ json }) => {
         const { dataLost, ...answer } = JSON.parse(json) as WorkerRecycled;
         if (dataLost) sentData.clear(); // the worker emptied data/: the next run sends all of it
@@ -287,8 +344,20 @@ function handle(message: HostMessage): void {
     case "interrupt":
       // Only the run the host means: a late interrupt must not hit the next program.
       if (runningId === message.id) {
-        Atomics.store(interruptBuffer, 0, INTERRUPT_SIGNAL);
+        Atomics.store(signals, SIGNAL_INTERRUPT, INTERRUPT_SIGNAL);
+        Atomics.notify(signals, SIGNAL_INTERRUPT); // wakes a sleeping program
         if (pendingSyncCall !== null) wakeWorker(SYNC_INTERRUPTED);
+      }
+      break;
+    case "kill":
+      // The program ignored its interrupt: the worker throws at its next signal check, or, parked
+      // in an await, ends the run when the kill reaches its event loop.
+      if (runningId === message.id) {
+        Atomics.store(signals, SIGNAL_KILL, 1);
+        Atomics.store(signals, SIGNAL_INTERRUPT, INTERRUPT_SIGNAL);
+        Atomics.notify(signals, SIGNAL_INTERRUPT);
+        if (pendingSyncCall !== null) wakeWorker(SYNC_INTERRUPTED);
+        control?.postMessage({ type: "kill", id: message.id });
       }
       break;
     case "tool_result":

@@ -34,6 +34,8 @@ CONSTANTS = (
     "SYNC_REPLY_READY",
     "SYNC_INTERRUPTED",
     "INTERRUPT_SIGNAL",
+    "SIGNAL_INTERRUPT",
+    "SIGNAL_KILL",
     "EXIT_SANDBOX_GONE",
     "JIT_WARM_UP_IDLE_MS",
     "JIT_WARM_UP_ROUNDS_AT_START",
@@ -53,6 +55,7 @@ TYPES = (
     "InitMessage",
     "RunMessage",
     "InterruptMessage",
+    "KillMessage",
     "JitWarmUpMessage",
     "ToolResultMessage",
     "RecycleMessage",
@@ -77,8 +80,10 @@ TYPES = (
     "WorkerRecycled",
     "WorkerCheckpoint",
     "WorkerRestore",
+    "WorkerKill",
     "ControlRequest",
     "ControlAnswer",
+    "WorkerModule",
     "WorkerMessage",
     "WorkerPost",
 )
@@ -86,6 +91,7 @@ _JS_TYPES = {
     protocol.Uint8Array: "Uint8Array",
     protocol.Int32Array: "Int32Array",
     protocol.MessagePort: "MessagePort",
+    protocol.WasmModule: "WebAssembly.Module",
 }
 _JS_TYPES[protocol.SharedArrayBuffer] = "SharedArrayBuffer"
 _SCALARS: dict[Any, str] = {str: "string", int: "number", float: "number", bool: "boolean", Any: "unknown"}

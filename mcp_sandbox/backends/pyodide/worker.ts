@@ -6,7 +6,7 @@ import { loadPyodide, type PyodideInterface } from "pyodide";
 import { HOME, PYODIDE_OPTIONS } from "./options.ts";
 import { asTheWorker, CleanState, guardRealm, hostSetTimeout, taint } from "./recycle.ts";
 import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
-import { hookAllocations } from "./linker.ts";
+import { hookInstance, Killed } from "./instance.ts";
 import {
   type CheckpointedMessage,
   DATA_DIR,
@@ -22,6 +22,9 @@ import {
   type RunnerMessage,
   type ControlAnswer,
   type ControlRequest,
+  INTERRUPT_SIGNAL,
+  SIGNAL_INTERRUPT,
+  SIGNAL_KILL,
   SYNC_LENGTH,
   SYNC_REPLY_READY,
   SYNC_STATE,
@@ -30,13 +33,17 @@ import {
   type WorkerData,
   type WorkerInit,
   type WorkerMessage,
+  type WorkerModule,
   type WorkerPost,
   type WorkerRecycle,
   type WorkerRecycled,
   type WorkerRestore,
 } from "./protocol.ts";
 
-type PyCallable = ((...args: unknown[]) => unknown) & { destroy?: () => void };
+type PyCallable = ((...args: unknown[]) => unknown) & {
+  destroy?: () => void;
+  callPromising?: (...args: unknown[]) => Promise<unknown>;
+};
 type PyModule = { [name: string]: PyCallable } & { destroy(): void };
 
 let pyodide: PyodideInterface;
@@ -47,7 +54,9 @@ let jitWarmUp: PyCallable;
 // method in JavaScript, which neither a recycle nor a checkpoint's restore brings back with memory.
 let deliver: PyCallable;
 let channel: unknown; // the guest's ToolChannel, which each tool_result goes to through `deliver`
-let interruptBuffer: Uint8Array;
+// Pyodide's interrupt buffer and the kill flag (SIGNAL_INTERRUPT, SIGNAL_KILL; see protocol.py).
+let signals: Int32Array;
+let cancelRun: PyCallable;
 let currentId: number | null = null;
 let clean: CleanState | null = null;
 // The runner's private channel for recycle, checkpoint and restore (module scope: out of reach).
@@ -74,9 +83,9 @@ let syncData: SharedArrayBuffer;
 const decoder = new TextDecoder();
 
 function blockOnToolCall(call: number, message: string): string {
-  if (Atomics.load(interruptBuffer, 0) !== 0) {
+  if (Atomics.load(signals, SIGNAL_INTERRUPT) !== 0) {
     // Interrupted already (the deadline passed inside C code): the call is never made.
-    interruptBuffer[0] = 0;
+    signals[SIGNAL_INTERRUPT] = 0;
     return REPLY_INTERRUPTED;
   }
   Atomics.store(syncState, SYNC_STATE, SYNC_WAITING);
@@ -85,7 +94,7 @@ function blockOnToolCall(call: number, message: string): string {
   if (Atomics.load(syncState, SYNC_STATE) !== SYNC_REPLY_READY) {
     // The guest raises KeyboardInterrupt itself; a buffer left set would raise a second one
     // later, inside the runtime's own reporting.
-    interruptBuffer[0] = 0;
+    signals[SIGNAL_INTERRUPT] = 0;
     return REPLY_INTERRUPTED;
   }
   const length = syncState[SYNC_LENGTH];
@@ -93,6 +102,52 @@ function blockOnToolCall(call: number, message: string): string {
   const bytes = new Uint8Array(length);
   bytes.set(new Uint8Array(syncData, 0, length));
   return decoder.decode(bytes);
+}
+
+// The guest's waits (time.sleep and the rest, guest.install_waits): asleep in Atomics.wait, with no
+// CPU, until the deadline or the runner's notify of an interrupt, which raises KeyboardInterrupt
+// here. After a kill it returns at once, for the interpreter's next signal check to end the run.
+const now = performance.now.bind(performance);
+
+function waitInterruptibly(seconds: number): void {
+  const deadline = now() + seconds * 1000;
+  for (;;) {
+    if (Atomics.load(signals, SIGNAL_KILL) !== 0) return;
+    if (Atomics.load(signals, SIGNAL_INTERRUPT) !== 0) {
+      pyodide.checkInterrupt();
+      return;
+    }
+    const left = deadline - now();
+    if (left <= 0) return;
+    Atomics.wait(signals, SIGNAL_INTERRUPT, 0, left);
+  }
+}
+
+// An interrupt while the program awaits (top-level `await`) finds no Python running to raise in:
+// the program's task is cancelled instead. One waiter at a time, re-armed after it fires.
+const waitAsync = Atomics.waitAsync.bind(Atomics); // before guardRealm flags its use
+let awaiting = false;
+let watchingInterrupts = false;
+
+function cancelOnInterrupt(): void {
+  if (watchingInterrupts) return;
+  const waiter = waitAsync(signals, SIGNAL_INTERRUPT, 0);
+  const fired = () => {
+    watchingInterrupts = false;
+    if (!awaiting || Atomics.load(signals, SIGNAL_INTERRUPT) === 0) return;
+    // KeyboardInterrupt comes from the cancellation, not from the buffer (which would raise it in
+    // cancel_run itself); with nothing to cancel, the buffer keeps it for the next Python code.
+    signals[SIGNAL_INTERRUPT] = 0;
+    let cancelled = false;
+    try {
+      cancelled = cancelRun() === true;
+    } finally {
+      if (!cancelled) Atomics.store(signals, SIGNAL_INTERRUPT, INTERRUPT_SIGNAL);
+    }
+  };
+  watchingInterrupts = true;
+  if (waiter.async) waiter.value.then(fired);
+  else fired();
 }
 
 // Sandboxed code may end the worker itself (js.Deno.exit, js.close); a worker that ends
@@ -291,9 +346,17 @@ async function init(message: WorkerInit): Promise<void> {
   const started = performance.now();
   const { packagesDir: packages, snapshot } = message;
   const snapshotBytes = snapshot ? readFileSync(snapshot) : undefined;
-  // Imported here rather than by loadPyodide, so its module factory can be wrapped (linker.ts).
+  signals = message.signals as Int32Array;
+  // Imported here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
   await import("pyodide/pyodide.asm.js");
-  hookAllocations();
+  hookInstance({
+    maxBytes: message.memoryMaxBytes,
+    signals,
+    module: message.module as WebAssembly.Module | undefined,
+    compiled: (module) => {
+      if (!message.module) control.postMessage({ module } satisfies WorkerModule);
+    },
+  });
   pyodide = await loadPyodide({
     ...PYODIDE_OPTIONS,
     ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
@@ -314,8 +377,15 @@ async function init(message: WorkerInit): Promise<void> {
   pyodide.FS.mkdirTree(`${HOME}/${OUTPUT_DIR}`);
   pyodide.FS.mkdirTree(GUEST_DATA);
   pyodide.FS.chdir(HOME);
-  interruptBuffer = message.interruptBuffer as Uint8Array;
-  pyodide.setInterruptBuffer(interruptBuffer);
+  pyodide.setInterruptBuffer(signals as unknown as Uint8Array);
+  // The runner's stdin carries the host's messages: neither Pyodide's stdin nor Deno's reads it.
+  pyodide.setStdin({ error: true });
+  Object.defineProperty(Deno, "stdin", {
+    configurable: false,
+    get() {
+      throw new Deno.errors.NotCapable("the sandbox has no stdin");
+    },
+  });
   syncState = message.syncState as Int32Array;
   syncData = message.syncData as SharedArrayBuffer;
   const loaderGlobals = pyodide.toPy({});
@@ -334,6 +404,8 @@ async function init(message: WorkerInit): Promise<void> {
   interpreter = guest.Interpreter(limits, channel, true);
   limits.destroy();
   runJson = guest.run_json;
+  cancelRun = guest.cancel_run;
+  guest.install_waits(waitInterruptibly);
   jitWarmUp = guest.jit_warm_up; // borrowed from the module's proxy, which therefore stays
   // The first runs compile much of the runtime lazily (the first takes ~20 ms): do a few before
   // `ready`, in a throwaway interpreter, so a sandbox's first calls from the pool do not pay for it.
@@ -404,6 +476,10 @@ const INTERRUPTED_OUTCOME: GuestOutcome = {
   truncated: false,
 };
 
+function runtime(): { stackSave(): number; stackRestore(at: number): void } {
+  return (pyodide as unknown as { _module: { stackSave(): number; stackRestore(at: number): void } })._module;
+}
+
 async function run(message: RunMessage): Promise<void> {
   const id = message.id;
   currentId = id;
@@ -412,14 +488,31 @@ async function run(message: RunMessage): Promise<void> {
   let problems: string[] = [];
   try {
     problems = await loadImports(message.code);
-    outcome = runJson(interpreter, message.code, message.tools);
-    if (typeof outcome !== "string") {
-      // A program with top-level `await` comes back as an awaitable.
-      const awaitable = outcome as Promise<string> & { destroy?: () => void };
-      outcome = await awaitable;
-      awaitable.destroy?.();
+    // Called as a promising entrypoint, so the program may block on a coroutine through stack
+    // switching: asyncio.run and loop.run_until_complete work as they do on CPython. Between its
+    // awaits the program is parked, and an interrupt cancels its tasks (cancelOnInterrupt).
+    awaiting = true;
+    cancelOnInterrupt();
+    // A promising call leaves the C stack 16 bytes lower than it found it (Pyodide 0.29.3): put
+    // back, or each run would shrink the stack, and no checkpoint would see Python at rest.
+    const stack = runtime().stackSave();
+    try {
+      outcome = await runJson.callPromising!(interpreter, message.code, message.tools);
+      if (typeof outcome !== "string") {
+        // A program with top-level `await` comes back as an awaitable.
+        const awaitable = outcome as Promise<string> & { destroy?: () => void };
+        outcome = await awaitable;
+        awaitable.destroy?.();
+      }
+    } finally {
+      awaiting = false;
+      runtime().stackRestore(stack);
     }
   } catch (error) {
+    if (error instanceof Killed || (error as { cause?: unknown }).cause instanceof Killed) {
+      postRunnerMessage(id, { type: "crashed", id, message: new Killed().message }, true);
+      return;
+    }
     if ((error as { type?: unknown }).type === "KeyboardInterrupt") {
       // The deadline passed before the program began, so the interrupt landed in the runtime's
       // own code: the run was interrupted, as the CPython runners report it.
@@ -593,9 +686,15 @@ function warmUpStep(): void {
   } catch {
     warmUpLeft = 0; // a sandbox whose warm-up fails still serves calls, only slower
   } finally {
-    pyodide.setInterruptBuffer(interruptBuffer);
+    pyodide.setInterruptBuffer(signals as unknown as Uint8Array);
   }
   hostSetTimeout(warmUpStep, 0);
+}
+
+// A kill that reaches this worker's event loop finds its program parked (awaiting): no signal check
+// will come, so the run ends here, and the runner replaces this worker.
+function kill(id: number): void {
+  if (currentId === id) postRunnerMessage(id, { type: "crashed", id, message: new Killed().message }, true);
 }
 
 // init, data and run are handled one after another, in order; a tool_result must not wait
@@ -650,7 +749,10 @@ self.onmessage = (event: MessageEvent<WorkerMessage>) => {
   } else if (message.type === "init") {
     // Taken before any sandboxed code runs, and kept only here (see ControlRequest in protocol.py).
     control = message.control;
-    control.onmessage = (request: MessageEvent<ControlRequest>) => enqueue(request.data);
+    control.onmessage = (request: MessageEvent<ControlRequest>) => {
+      if (request.data.type === "kill") kill(request.data.id);
+      else enqueue(request.data);
+    };
     enqueue(message);
   } else {
     enqueue(message);

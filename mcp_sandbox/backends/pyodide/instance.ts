@@ -1,0 +1,89 @@
+// Pyodide's WebAssembly instance, as a sandbox makes it: its memory capped, its signal check able
+// to end a program that ignores KeyboardInterrupt, calloc hooked for the linker (linker.ts), and
+// a replacement worker instantiating the module its process compiled once.
+//
+// Pyodide passes no Emscripten settings through loadPyodide, so its module factory is wrapped
+// after pyodide.asm.js is imported and before loadPyodide runs it.
+import { hookCalloc, type Imports, type Instance, restoreCalloc } from "./linker.ts";
+import { SIGNAL_KILL } from "./protocol.ts";
+
+type Done = (instance: Instance, module: WebAssembly.Module) => void;
+type Settings = {
+  instantiateWasm?: (imports: Imports, done: Done) => unknown;
+  wasmMemory?: WebAssembly.Memory;
+  INITIAL_MEMORY?: number; // a memory snapshot's size, when Pyodide starts from one
+};
+type Instantiate = typeof WebAssembly.instantiate;
+
+const PAGE = 65_536;
+// Emscripten's own first size for Pyodide's memory, when no snapshot sets it.
+const INITIAL_BYTES = 20_971_520;
+
+// Thrown by the signal check once the kill flag is set: it unwinds through the interpreter,
+// which cannot go on after it, so the worker reports a crash and is replaced.
+export class Killed extends Error {
+  constructor() {
+    super("the program ignored its interrupt and was stopped");
+  }
+}
+
+export type InstanceOptions = {
+  // The most the memory may grow to: past it, malloc fails and Python raises MemoryError.
+  maxBytes?: number;
+  signals: Int32Array;
+  // A module compiled before (by this process's first worker): instantiated instead of the binary.
+  module?: WebAssembly.Module;
+  // Called with the compiled module once it is instantiated.
+  compiled: (module: WebAssembly.Module) => void;
+};
+
+export function hookInstance(options: InstanceOptions): void {
+  const global = globalThis as unknown as { _createPyodideModule: (settings: Settings) => Promise<unknown> };
+  const create = global._createPyodideModule;
+  global._createPyodideModule = (settings: Settings) => {
+    if (options.maxBytes !== undefined) {
+      const pages = (bytes: number) => Math.ceil(bytes / PAGE);
+      const initial = settings.INITIAL_MEMORY ?? INITIAL_BYTES;
+      settings.wasmMemory = new WebAssembly.Memory({
+        initial: pages(initial),
+        maximum: Math.max(pages(initial), pages(options.maxBytes)),
+      });
+    }
+    const instantiate = settings.instantiateWasm;
+    if (instantiate) {
+      settings.instantiateWasm = (imports, done) => {
+        const check = imports.env._Py_CheckEmscriptenSignals_Helper as () => number;
+        const signals = options.signals;
+        imports.env._Py_CheckEmscriptenSignals_Helper = () => {
+          if (Atomics.load(signals, SIGNAL_KILL) !== 0) throw new Killed();
+          return check();
+        };
+        const restore = options.module ? reuseModule(options.module) : () => {};
+        return instantiate(imports, (instance, module) => {
+          restore();
+          options.compiled(module);
+          done(hookCalloc(imports, instance), module);
+          restoreCalloc(imports, instance);
+        });
+      };
+    }
+    return create(settings);
+  };
+}
+
+// Pyodide instantiates its binary itself (with imports only it knows how to make): for the one
+// call that carries the runtime's imports, the compiled module is used instead of the binary.
+function reuseModule(module: WebAssembly.Module): () => void {
+  const wasm = WebAssembly as unknown as Record<"instantiate" | "instantiateStreaming", Instantiate>;
+  const original = { instantiate: wasm.instantiate, instantiateStreaming: wasm.instantiateStreaming };
+  const fromModule = (real: Instantiate) =>
+    (async (source: unknown, imports?: WebAssembly.Imports) => {
+      if (imports && "GOT.func" in imports) {
+        return { instance: await original.instantiate(module, imports), module };
+      }
+      return await (real as (source: unknown, imports?: WebAssembly.Imports) => Promise<unknown>)(source, imports);
+    }) as unknown as Instantiate;
+  wasm.instantiate = fromModule(original.instantiate);
+  wasm.instantiateStreaming = fromModule(original.instantiateStreaming);
+  return () => Object.assign(wasm, original);
+}

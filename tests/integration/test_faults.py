@@ -1,0 +1,248 @@
+"""Faults that cost neither the session nor the process: waits stopped when asked, asyncio.run,
+no stdin, a memory cap, a kill flag, and a crashed worker replaced in its process. A real server
+process and a real MCP client, on pyodide (and on subprocess where it says the same)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from tests.integration.conftest import call, process_tree, server_params
+from tests.integration.test_checkpoints import checkpointed
+
+pytestmark = pytest.mark.anyio
+
+REPO = Path(__file__).resolve().parents[2]
+GRACE = 1.0  # MCP_SANDBOX_INTERRUPT_GRACE of the server under test (TEST_ENV)
+MEMORY_MB = 512
+#: How long a stopped call may take past its timeout: the interrupt is notified, never polled, so
+#: anything near the grace period means the program was not interrupted but killed.
+INTERRUPTED_WITHIN = GRACE
+#: A program that catches what stops it and goes on.
+SWALLOWS = "import asyncio\nwhile True:\n    try:\n        {wait}\n    except {error}:\n        pass"
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="module")
+async def client(
+    anyio_backend: str, tmp_path_factory: pytest.TempPathFactory, state_dir: Path
+) -> AsyncIterator[Client]:
+    """A pyodide server bridging tests/upstreams/calc_server.py as `calc`."""
+    config = tmp_path_factory.mktemp("bridge") / "upstreams.json"
+    upstream = {"command": sys.executable, "args": ["-m", "tests.upstreams.calc_server"], "cwd": str(REPO)}
+    config.write_text(json.dumps({"mcpServers": {"calc": upstream}}))
+    params = server_params(
+        MCP_SANDBOX_BACKEND="pyodide",
+        MCP_SANDBOX_MEMORY_MB=str(MEMORY_MB),
+        MCP_SANDBOX_BRIDGE_CONFIG=str(config),
+        MCP_SANDBOX_STATE_DIR=str(state_dir),
+        MCP_SANDBOX_MAX_SESSIONS="64",
+    )
+    async with Client(params) as connected:
+        yield connected
+
+
+def sandbox_processes() -> set[int]:
+    """The Deno runners under the servers this test process started: one per sandbox."""
+    return {pid for pid, command in process_tree(os.getpid()).items() if b"runner.ts" in command}
+
+
+def cpu_seconds(pids: set[int]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+async def with_x(client: Client, session: str) -> None:
+    assert (await call(client, "x = 41", session_id=session))["success"]
+
+
+async def still_has_x(client: Client, session: str) -> None:
+    after = await call(client, "x", session_id=session)
+    assert after["result"] == "41", after
+    assert not after["session_restored"] and not after["session_lost"], after
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import time\ntime.sleep(5)",
+        "from time import sleep\nsleep(5)",
+        "import asyncio\nawait asyncio.sleep(5)",
+        "import asyncio\nawait asyncio.gather(asyncio.sleep(5), asyncio.sleep(6))",
+        "import asyncio\nasync def main():\n    await asyncio.sleep(5)\nasyncio.run(main())",
+        "import threading\nthreading.Event().wait(5)",
+        "import queue\nqueue.Queue().get(timeout=5)",
+        "import select\nselect.select([], [], [], 5)",
+    ],
+    ids=[
+        "time.sleep",
+        "from-time-import-sleep",
+        "await",
+        "gather",
+        "asyncio.run",
+        "event",
+        "queue",
+        "select",
+    ],
+)
+async def test_a_wait_past_its_timeout_is_interrupted_and_keeps_the_session(
+    client: Client, code: str
+) -> None:
+    session = f"wait-{abs(hash(code))}"
+    await with_x(client, session)
+    began = time.monotonic()
+    stopped = await call(client, code, session_id=session, timeout=0.5)
+    took = time.monotonic() - began
+    assert stopped["error_type"] == "Timeout", stopped
+    assert "was interrupted; the session's variables are kept" in stopped["error"], stopped
+    assert not stopped["session_restored"] and not stopped["session_lost"], stopped
+    assert took < 0.5 + INTERRUPTED_WITHIN, f"stopped after {took:.2f} s: killed, not interrupted"
+    await still_has_x(client, session)
+
+
+async def test_sleeping_uses_no_cpu() -> None:
+    # One sandbox, measured alone: no JIT warm-up in idle time, and the pool's next one not counted.
+    params = server_params(
+        MCP_SANDBOX_BACKEND="pyodide", MCP_SANDBOX_POOL_SIZE="1", MCP_SANDBOX_PYODIDE_WARM_UP_ROUNDS="0"
+    )
+    others = sandbox_processes()
+    async with Client(params) as client:
+        with anyio.fail_after(60):
+            while not (first := sandbox_processes() - others):
+                await anyio.sleep(0.05)
+        await call(client, "1", session_id="sleeper")  # the session takes the pool's first sandbox
+        before = cpu_seconds(first)
+        slept = await call(client, "import time\ntime.sleep(2)\n'woke'", session_id="sleeper")
+        used = cpu_seconds(first) - before
+    assert slept["result"] == "'woke'", slept
+    assert used < 0.3, f"a 2 s sleep used {used:.2f} s of CPU"
+
+
+async def test_select_with_a_timeout_sleeps_for_it(client: Client) -> None:
+    began = time.monotonic()
+    waited = await call(client, "import select\nselect.select([], [], [], 0.3)", session_id="select")
+    assert waited["result"] == "([], [], [])", waited
+    assert time.monotonic() - began >= 0.3
+
+
+async def test_asyncio_run_returns_mains_value(client: Client) -> None:
+    code = (
+        "import asyncio\n"
+        "async def main():\n"
+        "    await asyncio.sleep(0.01)\n"
+        "    a, b = await asyncio.gather(asyncio.sleep(0.01, result=1), tools.calc.add_async(a=2, b=3))\n"
+        "    return a + b['sum']\n"
+        "asyncio.run(main())"
+    )
+    ran = await call(client, code, session_id="runs")
+    assert ran["result"] == "6", ran
+    loop = "import asyncio\nasyncio.new_event_loop().run_until_complete(asyncio.sleep(0.01, result='done'))"
+    assert (await call(client, loop, session_id="runs"))["result"] == "'done'"
+
+
+@pytest.mark.parametrize(
+    "code", ["input()", "import sys\nsys.stdin.read()", "import sys\nsys.stdin.readline()"]
+)
+async def test_reading_stdin_fails_at_once_and_says_why(client: Client, code: str) -> None:
+    session = f"stdin-{abs(hash(code))}"
+    await with_x(client, session)
+    began = time.monotonic()
+    read = await call(client, code, session_id=session, timeout=10)
+    assert read["error_type"] == "EOFError", read
+    assert "there is no input in the sandbox" in read["error"], read
+    assert time.monotonic() - began < 5, "it waited for input"
+    await still_has_x(client, session)
+
+
+async def test_allocating_past_the_memory_limit_is_a_memory_error(client: Client) -> None:
+    await with_x(client, "allocates")
+    sandboxes = sandbox_processes()
+    code = "blocks = []\nfor _ in range(40):\n    blocks.append(bytearray(100 * 2**20))"
+    failed = await call(client, code, session_id="allocates", timeout=60)
+    assert failed["error_type"] == "MemoryError", failed
+    assert not failed["session_restored"] and not failed["session_lost"], failed
+    await still_has_x(client, "allocates")
+    assert sandboxes <= sandbox_processes(), "a sandbox process ended"
+
+
+async def restored_after(
+    client: Client, state_dir: Path, session: str, code: str, timeout: float
+) -> dict[str, Any]:
+    await checkpointed(client, "x = 41", session, state_dir)
+    sandboxes = sandbox_processes()
+    result = await call(client, code, session_id=session, timeout=timeout)
+    assert result["session_restored"] is True and result["restored_from_call"] == 1, result
+    assert (await call(client, "x", session_id=session))["result"] == "41"
+    assert sandboxes <= sandbox_processes(), "a sandbox process ended, not only its worker"
+    return result
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        SWALLOWS.format(wait="while True:\n            pass", error="KeyboardInterrupt"),
+        SWALLOWS.format(wait="import time; time.sleep(10)", error="KeyboardInterrupt"),
+        SWALLOWS.format(wait="import asyncio; await asyncio.sleep(10)", error="asyncio.CancelledError"),
+    ],
+    ids=["computing", "sleeping", "awaiting"],
+)
+async def test_a_program_swallowing_its_interrupt_is_killed_and_its_session_restored(
+    client: Client, state_dir: Path, code: str
+) -> None:
+    killed = await restored_after(client, state_dir, f"swallows-{abs(hash(code))}", code, timeout=0.5)
+    assert killed["error_type"] == "Timeout" and "did not stop when interrupted" in killed["error"], killed
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\nos._exit(3)",
+        "import js\njs.Deno.exit(4)",
+        "import sys\nsys.setrecursionlimit(10**6)\ndef f(n):\n    return f(n + 1)\nf(0)",
+    ],
+    ids=["os._exit", "Deno.exit", "deep-recursion"],
+)
+async def test_a_crash_replaces_the_worker_not_the_process(
+    client: Client, state_dir: Path, code: str
+) -> None:
+    crashed = await restored_after(client, state_dir, f"crash-{abs(hash(code))}", code, timeout=30)
+    assert crashed["error_type"] in {"SandboxCrash", "RecursionError"}, crashed
+
+
+async def test_a_crash_without_a_session_leaves_a_working_sandbox(client: Client) -> None:
+    sandboxes = sandbox_processes()
+    crashed = await call(client, "import os\nos._exit(3)")
+    assert crashed["error_type"] == "SandboxCrash", crashed
+    for _ in range(4):
+        assert (await call(client, "6 * 7"))["result"] == "42"
+    assert sandboxes <= sandbox_processes(), "a sandbox process ended, not only its worker"
+
+
+async def test_a_c_loop_that_never_checks_signals_costs_its_process(client: Client, state_dir: Path) -> None:
+    # No interrupt and no kill flag reaches it: the process is killed, the last resort.
+    await checkpointed(client, "x = 41", "c-loop", state_dir)
+    code = "import collections, itertools\ncollections.deque(itertools.count(), maxlen=0)"
+    killed = await call(client, code, session_id="c-loop", timeout=0.5)
+    assert killed["error_type"] == "Timeout", killed
+    assert killed["session_restored"] is True and killed["restored_from_call"] == 1, killed
+    assert (await call(client, "x", session_id="c-loop"))["result"] == "41"
