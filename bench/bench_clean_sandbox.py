@@ -127,6 +127,7 @@ def mixed_call(client_index: int, call: int) -> tuple[str, dict[str, Any]]:
 
 async def mixed(url: str) -> dict[str, Any]:
     samples: list[float] = []
+    by_kind: dict[str, list[float]] = {}
     problems: list[str] = []
     restores: list[str] = []
 
@@ -141,6 +142,7 @@ async def mixed(url: str) -> dict[str, Any]:
                 began = time.perf_counter()
                 response = await client.call_tool("execute_python", arguments)
                 samples.append((time.perf_counter() - began) * 1000)
+                by_kind.setdefault(kind, []).append(samples[-1])
                 result = response.structured_content
                 if response.is_error or result is None:
                     problems.append(f"{kind}: unanswered")
@@ -171,6 +173,8 @@ async def mixed(url: str) -> dict[str, Any]:
         "mixed_calls_per_s": MIXED_CLIENTS * MIXED_CALLS / elapsed,
         "mixed_p50_ms": statistics.median(samples),
         "mixed_p99_ms": percentile(samples, 99),
+        "mixed_p50_ms_by_kind": {kind: statistics.median(times) for kind, times in by_kind.items()},
+        "mixed_max_ms_by_kind": {kind: max(times) for kind, times in by_kind.items()},
         "mixed_problems": problems,
         "mixed_restores": restores,
     }

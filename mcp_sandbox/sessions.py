@@ -282,8 +282,8 @@ class SessionPool:
                     executor, resumed = await self._provide(session)
                     result = await self._run_in(executor, code, timeout, progress)
                 if result.session_lost:
-                    await self._lose_sandbox(session)
-                    resumed = await self._resume(session)
+                    renewed = await self._lose_sandbox(session, keep_renewed=True)
+                    resumed = await self._resume(session, renewed)
                     if session.executor is not None:
                         session.state = SessionState.LIVE
                 if resumed.lost:
@@ -330,14 +330,19 @@ class SessionPool:
         session.state = SessionState.LIVE
         return session.executor, resumed
 
-    async def _lose_sandbox(self, session: Session) -> None:
+    async def _lose_sandbox(self, session: Session, *, keep_renewed: bool = False) -> Executor | None:
+        """The session's sandbox lost its state. One renewed in place (Executor.renew) is clean
+        again: returned with `keep_renewed`, for the session to go on in, else given back."""
         executor = session.executor
         assert executor is not None
         session.executor, session.state = None, SessionState.LOST
-        if executor.alive:
-            await self._ready_pool.release(executor)  # renewed in place (Executor.renew): clean again
-        else:
+        if not executor.alive:
             await executor.close()
+        elif keep_renewed:
+            return executor
+        else:
+            await self._ready_pool.release(executor)
+        return None
 
     async def _start_fresh(self, session: Session) -> None:
         """The caller is told the session's variables are gone: from now on it has nothing more
@@ -455,9 +460,20 @@ class SessionPool:
                     if session.lease is lease:
                         session.lease = renewed
 
-    async def _resume(self, session: Session) -> Resumed:
+    async def _resume(self, session: Session, renewed: Executor | None = None) -> Resumed:
         """Give a session without a sandbox a new one holding its last checkpoint, if it has
-        one, and say what that means for its caller (`account`)."""
+        one, and say what that means for its caller (`account`). `renewed`: a clean sandbox to
+        use first (its own, renewed in place), kept by the session even with nothing to restore."""
+        try:
+            return await self._resume_in(session, renewed)
+        finally:
+            if renewed is not None and session.executor is not renewed:
+                if session.executor is None and renewed.alive:
+                    session.executor = renewed
+                else:
+                    await self._ready_pool.release(renewed)
+
+    async def _resume_in(self, session: Session, renewed: Executor | None) -> Resumed:
         state = session.state
         moved_from, session.moved_from = session.moved_from, None
         latest, restored, problem = session.calls, None, None
@@ -467,14 +483,16 @@ class SessionPool:
                 latest = max(latest, record.call)
                 if moved_from is None and record.owner != self.instance and state is SessionState.NEW:
                     moved_from = record.owner if record.call > 0 else None
-            restored, problem = await self._restore(session)
+            restored, problem = await self._restore(session, renewed)
         elif state is SessionState.LOST and self._backend is not None and not self._backend.saves_sessions:
             problem = f"the {self._backend.name} backend keeps no checkpoints"
         elif state is SessionState.LOST and not self._settings.checkpoints:
             problem = "checkpoints are off (MCP_SANDBOX_CHECKPOINTS)"
         return account(state, latest, restored, problem, moved_from)
 
-    async def _restore(self, session: Session) -> tuple[SavedState | None, str | None]:
+    async def _restore(
+        self, session: Session, renewed: Executor | None = None
+    ) -> tuple[SavedState | None, str | None]:
         """Put the session's checkpoint into a new sandbox (its executor): the checkpoint, or
         None and why it could not be used (None: there was none)."""
         assert self._store is not None and self._backend is not None
@@ -494,7 +512,7 @@ class SessionPool:
                 f"the session's saved state is from another sandbox build ({state.build}; this "
                 f"server runs {backend.build})"
             )
-        executor = await self._ready_pool.acquire()
+        executor = renewed if renewed is not None and renewed.alive else await self._ready_pool.acquire()
         reason = await executor.restore(state.payload)
         if reason is not None:
             await executor.close()  # half restored, perhaps: never reused

@@ -191,7 +191,7 @@ async def restored_after(
     await checkpointed(client, "x = 41", session, state_dir)
     sandboxes = sandbox_processes()
     result = await call(client, code, session_id=session, timeout=timeout)
-    assert result["session_restored"] is True and result["restored_from_call"] == 1, result
+    assert result["session_restored"] is True and result["restored_from_call"] == 1, json.dumps(result)
     assert (await call(client, "x", session_id=session))["result"] == "41"
     assert sandboxes <= sandbox_processes(), "a sandbox process ended, not only its worker"
     return result

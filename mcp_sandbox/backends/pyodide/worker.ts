@@ -409,6 +409,7 @@ async function init(message: WorkerInit): Promise<void> {
   jitWarmUp = guest.jit_warm_up; // borrowed from the module's proxy, which therefore stays
   // The first runs compile much of the runtime lazily (the first takes ~20 ms): do a few before
   // `ready`, in a throwaway interpreter, so a sandbox's first calls from the pool do not pay for it.
+  // Every sandbox runs them, a replacement worker too: a checkpoint needs the same clean memory.
   jitWarmUp(JIT_WARM_UP_ROUNDS_AT_START);
   hideHostPaths([
     [packages, "/packages"],
