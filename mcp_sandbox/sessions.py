@@ -463,15 +463,13 @@ class SessionPool:
     async def _resume(self, session: Session, renewed: Executor | None = None) -> Resumed:
         """Give a session without a sandbox a new one holding its last checkpoint, if it has
         one, and say what that means for its caller (`account`). `renewed`: a clean sandbox to
-        use first (its own, renewed in place), kept by the session even with nothing to restore."""
+        restore into first (its own, renewed in place); with nothing to restore, it goes back to
+        the pool, as a session holds a sandbox only once it runs again."""
         try:
             return await self._resume_in(session, renewed)
         finally:
             if renewed is not None and session.executor is not renewed:
-                if session.executor is None and renewed.alive:
-                    session.executor = renewed
-                else:
-                    await self._ready_pool.release(renewed)
+                await self._ready_pool.release(renewed)
 
     async def _resume_in(self, session: Session, renewed: Executor | None) -> Resumed:
         state = session.state

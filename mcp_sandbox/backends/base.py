@@ -43,7 +43,7 @@ class SandboxDied(Exception):
         super().__init__(message)
         self.error_type: SandboxErrorType = error_type
         #: The sandbox is replacing what died in place (pyodide: a new worker in the same
-        #: process): `renew` waits for it, and the sandbox serves again, clean.
+        #: process): after `renew` it serves again, clean.
         self.renewed = renewed
 
 
@@ -244,8 +244,9 @@ class Executor(ABC):
         the sandbox: the run then ends in SandboxDied with `renewed`. Returns at once."""
 
     async def renew(self) -> bool:
-        """Wait until the sandbox has replaced what died (SandboxDied with `renewed`): True when it
-        serves again, clean as a new one; False when it cannot (the caller then closes it)."""
+        """Take the sandbox back after SandboxDied with `renewed`: True when it will serve again,
+        clean as a new one (its next request waits until it is ready); False when it cannot (the
+        caller then closes it)."""
         return False
 
     async def recycle(self) -> str | None:

@@ -133,6 +133,8 @@ class ProcessExecutor(Executor):
         }
         self._death: str | None = None
         self._over_memory = False
+        #: A crash started a new worker (`renew`), whose `ready` the next request waits for.
+        self._renewing = False
 
     @property
     def alive(self) -> bool:
@@ -161,6 +163,7 @@ class ProcessExecutor(Executor):
                 logger.warning("a sandbox could not preload %s", failed)
 
     async def _submit(self, code: str, tools_manifest: str | None) -> None:
+        await self._renewed()
         self._drain_stale_messages()
         self._run_id += 1
         message: protocol.RunMessage = {"type": "run", "id": self._run_id, "code": code}
@@ -214,6 +217,10 @@ class ProcessExecutor(Executor):
         the message, or why there is none."""
         if not self.alive:
             return "the sandbox is not alive"
+        try:
+            await self._renewed()
+        except SandboxDied as error:
+            return f"the sandbox died: {error}"
         self._drain_stale_messages()
         self._run_id += 1
         try:
@@ -253,16 +260,24 @@ class ProcessExecutor(Executor):
             pass
 
     async def renew(self) -> bool:
+        # The new worker's guest has no `tools` yet; its JIT warm-up is not needed again: the
+        # compiled code it shares with the old one is warm.
+        self._tools_version = -1
+        self._renewing = True
+        return True
+
+    async def _renewed(self) -> None:
+        """Wait, once, for the new worker a crash started (`renew`). Raises SandboxDied."""
+        if not self._renewing:
+            return
+        self._renewing = False
         try:
             with anyio.fail_after(RENEW_TIMEOUT):
                 await self._await_ready()
         except (SandboxDied, TimeoutError) as error:
-            logger.warning("%s sandbox %d could not replace its worker: %s", self.backend, self.pid, error)
-            return False
-        # The new worker's guest has no `tools` yet; its JIT warm-up is not needed again: the
-        # compiled code it shares with the old one is warm.
-        self._tools_version = -1
-        return True
+            self._death = f"the sandbox could not replace its crashed worker: {error or 'it took too long'}"
+            self._process.kill()
+            raise SandboxDied(self._death) from None
 
     async def close(self) -> None:
         if self._closed:
