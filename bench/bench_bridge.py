@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from common import save
 from mcp import Client, StdioServerParameters
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,10 +164,7 @@ def main() -> None:
     if not 10 <= args.calls <= 900 or not backends or set(backends) - set(BACKENDS):
         parser.error(f"--calls must be 10..900; --backends takes names from {', '.join(BACKENDS)}")
     results = anyio.run(measure, args.calls, backends)
-    print(table(results))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwrote {args.json}")
+    save(results, args.json, table(results))
 
 
 if __name__ == "__main__":

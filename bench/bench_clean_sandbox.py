@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import httpx
 from bench_latency import percentile, server_pid
+from common import save
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
@@ -277,10 +278,7 @@ def main() -> None:
     if not configs or set(configs) - set(CONFIGS):
         parser.error(f"--configs takes names from {', '.join(CONFIGS)}")
     results = anyio.run(measure, configs, args.only_mixed)
-    print(table(results))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwrote {args.json}")
+    save(results, args.json, table(results))
 
 
 if __name__ == "__main__":

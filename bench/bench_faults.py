@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,7 @@ from typing import Any
 import anyio
 from bench_clean_sandbox import cpu_seconds
 from bench_latency import server_pid
+from common import children, save
 from mcp import Client, StdioServerParameters
 
 #: name, program, timeout.
@@ -71,19 +71,6 @@ def pss_mb(pid: int) -> float:
     except OSError:
         pass
     return 0.0
-
-
-def children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as file:
-                    parent = int(file.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            tree.setdefault(parent, []).append(int(entry))
-    return tree
 
 
 def sandbox_pss(server: int) -> list[float]:
@@ -203,10 +190,7 @@ def main() -> None:
     parser.add_argument("--backends", default="pyodide,subprocess")
     args = parser.parse_args()
     results = anyio.run(measure, [name.strip() for name in args.backends.split(",") if name.strip()])
-    print(table(results))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwrote {args.json}")
+    save(results, args.json, table(results))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import anyio
 import anyio.abc
 from bench_bridge import UPSTREAM as BRIDGE_UPSTREAM
 from bench_bridge import bridged
+from common import save
 from mcp import Client, StdioServerParameters
 
 from mcp_sandbox.app import create_backend
@@ -330,10 +331,7 @@ async def measure(calls: int, backends: list[str]) -> dict[str, Any]:
 
 
 def report(results: dict[str, Any], json_path: Path) -> None:
-    print(table(results))
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwrote {json_path}")
+    save(results, json_path, table(results))
 
 
 def parse_args() -> argparse.Namespace:

@@ -39,6 +39,7 @@ import anyio
 import zstandard
 from bench_checkpoints import pss_bytes
 from bench_latency import percentile, server_pid
+from common import children
 from mcp import Client, StdioServerParameters
 
 import mcp_sandbox
@@ -281,17 +282,7 @@ async def measure_server(settings: Settings) -> dict[str, Any]:
 
 def sandbox_pss_mb(server: int) -> list[float]:
     """PSS of each of the server's children (its sandboxes: the session's and the pool's)."""
-    sizes = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as stat:
-                    parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if parent == server:
-                sizes.append(pss_bytes(int(entry)) / MB)
-    return sizes
+    return [pss_bytes(pid) / MB for pid in children().get(server, [])]
 
 
 def rows(r: dict[str, Any]) -> list[tuple[str, str]]:

@@ -68,8 +68,8 @@ class Settings(BaseSettings):
     memory_mb: int = Field(
         512,
         ge=64,
-        description="Memory per sandbox: subprocess, its address space (RLIMIT_AS); pyodide, its resident "
-        "memory (a host-side watchdog) and V8 heap.",
+        description="Memory per sandbox: subprocess, its address space (RLIMIT_AS); pyodide, its WebAssembly "
+        "memory's maximum (MemoryError past it) and V8 heap, with a host-side watchdog as the last resort.",
     )
     allow_net: str | None = Field(
         None,

@@ -246,3 +246,34 @@ async def test_a_c_loop_that_never_checks_signals_costs_its_process(client: Clie
     assert killed["error_type"] == "Timeout", killed
     assert killed["session_restored"] is True and killed["restored_from_call"] == 1, killed
     assert (await call(client, "x", session_id="c-loop"))["result"] == "41"
+
+
+#: Left behind by a caller that then crashes its worker: none of it may reach the next caller.
+PLANT = """
+import builtins, js, os, sys, types
+builtins.planted = "builtins"
+js.globalThis.planted = "javascript"
+sys.modules["planted"] = types.ModuleType("planted")
+with open("/tmp/planted", "w") as file:
+    file.write("file")
+os._exit(3)
+"""
+FIND = """
+import builtins, js, os, sys
+[
+    hasattr(builtins, "planted"),
+    str(getattr(js.globalThis, "planted", None)),
+    "planted" in sys.modules,
+    os.path.exists("/tmp/planted"),
+]
+"""
+
+
+async def test_a_replaced_worker_keeps_nothing_of_the_program_that_crashed(
+    client: Client, state_dir: Path
+) -> None:
+    # The session's checkpoint is restored into the new worker of the same process (restored_after).
+    crashed = await restored_after(client, state_dir, "planted", PLANT, timeout=30)
+    assert crashed["error_type"] == "SandboxCrash", crashed
+    found = await call(client, FIND, session_id="planted")
+    assert found["result"] == "[False, 'None', False, False]", found
