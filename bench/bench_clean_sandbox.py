@@ -207,7 +207,10 @@ async def measure_config(name: str, bridge_config: Path, only_mixed: bool) -> di
                     except httpx.TransportError:
                         await anyio.sleep(0.2)
             await anyio.sleep(POOL_SETTLE_S)
+            cpu_before = cpu_seconds(process.pid)
             row |= await mixed(url)
+            # The server and its sandboxes, those that ended (reaped) included.
+            row["mixed_cpu_s"] = cpu_seconds(process.pid) - cpu_before
         finally:
             if process.returncode is None:
                 process.terminate()
