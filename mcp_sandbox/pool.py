@@ -92,7 +92,7 @@ class ReadyPool:
         closed before this returns, or recycled in the background."""
         if lent and self._recycle:
             self._coming_back -= 1
-        if not self._recycle or self._closed or not executor.alive:
+        if not self._recycle or self._closed or not executor.alive or not executor.reusable:
             await self._discard(executor)
             return
         self._coming_back += 1

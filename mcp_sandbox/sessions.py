@@ -332,7 +332,8 @@ class SessionPool:
 
     async def _lose_sandbox(self, session: Session, *, keep_renewed: bool = False) -> Executor | None:
         """The session's sandbox lost its state. One renewed in place (Executor.renew) is clean
-        again: returned with `keep_renewed`, for the session to go on in, else given back."""
+        again, for this session only: returned with `keep_renewed`, for the session to go on in;
+        else given back, which closes it."""
         executor = session.executor
         assert executor is not None
         session.executor, session.state = None, SessionState.LOST
@@ -463,8 +464,8 @@ class SessionPool:
     async def _resume(self, session: Session, renewed: Executor | None = None) -> Resumed:
         """Give a session without a sandbox a new one holding its last checkpoint, if it has
         one, and say what that means for its caller (`account`). `renewed`: a clean sandbox to
-        restore into first (its own, renewed in place); with nothing to restore, it goes back to
-        the pool, as a session holds a sandbox only once it runs again."""
+        restore into first (its own, renewed in place); with nothing to restore, it is given back
+        (closed: a renewed sandbox serves no other caller)."""
         try:
             return await self._resume_in(session, renewed)
         finally:

@@ -225,6 +225,9 @@ class Executor(ABC):
         self._tool_calls: ToolCalls | None = None
         #: The last run found the sandbox already dead: its program never started.
         self.found_dead = False
+        #: It may serve another caller once its own is done with it (recycled); False once it was
+        #: renewed, as what crashed may have left a thread running in its process.
+        self.reusable = True
 
     @property
     @abstractmethod
@@ -245,8 +248,8 @@ class Executor(ABC):
 
     async def renew(self) -> bool:
         """Take the sandbox back after SandboxDied with `renewed`: True when it will serve again,
-        clean as a new one (its next request waits until it is ready); False when it cannot (the
-        caller then closes it)."""
+        clean as a new one (its next request waits until it is ready), for the same caller only
+        (`reusable`); False when it cannot (the caller then closes it)."""
         return False
 
     async def recycle(self) -> str | None:

@@ -40,6 +40,8 @@ MB = 1024 * 1024
 MEMORY_POLL = 0.1
 #: Seconds a sandbox may take to replace a crashed worker (pyodide: about 0.4 s of a core).
 RENEW_TIMEOUT = 30.0
+#: Workers one sandbox replaces before it is closed instead.
+MAX_RENEWALS = 3
 
 #: Validates what a runner sends (refusing any field the protocol does not name).
 RUNNER_MESSAGE: TypeAdapter[RunnerMessage] = TypeAdapter(
@@ -135,6 +137,7 @@ class ProcessExecutor(Executor):
         self._over_memory = False
         #: A crash started a new worker (`renew`), whose `ready` the next request waits for.
         self._renewing = False
+        self._renewals = 0
 
     @property
     def alive(self) -> bool:
@@ -260,6 +263,13 @@ class ProcessExecutor(Executor):
             pass
 
     async def renew(self) -> bool:
+        # JavaScript the crashed program left running may outlive its worker (a busy loop survives
+        # Worker.terminate, deno#35657): the process serves only this caller from now on, and a
+        # caller that keeps crashing it gets a new one.
+        self.reusable = False
+        self._renewals += 1
+        if self._renewals > MAX_RENEWALS:
+            return False
         # The new worker's guest has no `tools` yet; its JIT warm-up is not needed again: the
         # compiled code it shares with the old one is warm.
         self._tools_version = -1
@@ -270,14 +280,17 @@ class ProcessExecutor(Executor):
         """Wait, once, for the new worker a crash started (`renew`). Raises SandboxDied."""
         if not self._renewing:
             return
-        self._renewing = False
         try:
             with anyio.fail_after(RENEW_TIMEOUT):
                 await self._await_ready()
-        except (SandboxDied, TimeoutError) as error:
+        except BaseException as error:
+            # Not ready, or no longer waited for: never used half renewed.
             self._death = f"the sandbox could not replace its crashed worker: {error or 'it took too long'}"
             self._process.kill()
-            raise SandboxDied(self._death) from None
+            if isinstance(error, (SandboxDied, TimeoutError)):
+                raise SandboxDied(self._death) from None
+            raise
+        self._renewing = False
 
     async def close(self) -> None:
         if self._closed:

@@ -31,6 +31,25 @@ async def test_pool_fills_to_its_size() -> None:
         await pool.close()
 
 
+class RecyclableExecutor(FakeExecutor):
+    async def recycle(self) -> str | None:
+        return None
+
+
+async def test_a_sandbox_that_is_not_reusable_is_closed_not_recycled() -> None:
+    async with anyio.create_task_group() as group:
+        pool = ReadyPool(quick_start, size=2, task_group=group, acquire_timeout=1, recycle=True)
+        kept, spent = RecyclableExecutor(), RecyclableExecutor()
+        spent.reusable = False  # as after Executor.renew
+        for executor in (kept, spent):
+            await pool.release(executor)
+        with anyio.fail_after(5):
+            while kept not in pool._ready:
+                await anyio.sleep(0.01)
+        assert spent.closed and not kept.closed and spent not in pool._ready
+        await pool.close()
+
+
 async def test_waiters_are_served_first_come_first_served() -> None:
     order: list[int] = []
 

@@ -104,6 +104,10 @@ let worker: Worker | null = null;
 // worker takes its place, from the compiled module; the host hears of the crash, `renewed`, then
 // of the new worker's `ready`. Ended between runs, or with no module to start from, it is the end.
 function renew(crash: CrashedMessage): void {
+  // Whatever of the old worker still runs stops at its next signal check, and hears nothing more.
+  Atomics.store(signals, SIGNAL_KILL, 1);
+  Atomics.notify(signals, SIGNAL_INTERRUPT);
+  control?.close();
   worker?.terminate();
   worker = null;
   runningId = null;
@@ -227,6 +231,7 @@ function startWorker(message: InitMessage): Worker {
     } else if (id === runningId) {
       if (exiting) return renew(crashOf(json));
       runningId = null;
+      Atomics.store(signals, SIGNAL_KILL, 0); // a kill that came after the result is for nobody
     } else {
       if (exiting) gone(null);
       return; // a result for a run that is not running is forged or stale
@@ -243,8 +248,10 @@ function startWorker(message: InitMessage): Worker {
     else gone({ type: "fatal", message });
   };
   const channel = new MessageChannel();
-  control = channel.port1;
+  const port = channel.port1;
+  control = port;
   control.onmessage = (event: MessageEvent<ControlAnswer | WorkerModule>) => {
+    if (port !== control) return; // a replaced worker's port
     if ("module" in event.data) {
       compiled ??= event.data.module;
       return;
@@ -288,6 +295,7 @@ function handle(message: HostMessage): void {
       // Cleared here, in order with `interrupt`: the worker may start the run only after its
       // interrupt has arrived (behind a data sync or a warm-up round), and must still see it.
       Atomics.store(signals, SIGNAL_INTERRUPT, 0);
+      Atomics.store(signals, SIGNAL_KILL, 0);
       if (worker) sendData(worker, init?.data_dir);
       toWorker(message);
       break;

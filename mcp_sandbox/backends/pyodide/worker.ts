@@ -66,6 +66,14 @@ let ranSinceClean = false;
 // Names in the session's globals that hold JavaScript objects (a checkpoint's refusal names them).
 let jsHolders: PyCallable;
 const postToMain = self.postMessage.bind(self);
+// The control channel's answers are built and sent with the originals: a program may replace
+// JSON.stringify or MessagePort.prototype.postMessage, and must not be able to forge a verdict.
+const stringify = JSON.stringify;
+const portPost = MessagePort.prototype.postMessage;
+
+function answer(reply: ControlAnswer | WorkerModule, transfer: Transferable[] = []): void {
+  portPost.call(control, reply, { transfer });
+}
 
 function post(id: number | null, json: string, exiting = false, syncCall?: number): void {
   const message: WorkerPost = { id, json, exiting, ...(syncCall === undefined ? {} : { syncCall }) };
@@ -354,7 +362,7 @@ async function init(message: WorkerInit): Promise<void> {
     signals,
     module: message.module as WebAssembly.Module | undefined,
     compiled: (module) => {
-      if (!message.module) control.postMessage({ module } satisfies WorkerModule);
+      if (!message.module) answer({ module } satisfies WorkerModule);
     },
   });
   pyodide = await loadPyodide({
@@ -592,7 +600,7 @@ function recycle(message: WorkerRecycle): void {
     loadedWheels.clear();
     for (const name of cleanWheels) loadedWheels.add(name);
   }
-  control.postMessage({ json: JSON.stringify(reply) } satisfies ControlAnswer);
+  answer({ json: stringify(reply) });
 }
 
 // Checkpoints (checkpoint.ts): the session's state as data, in idle time between runs.
@@ -633,9 +641,9 @@ function checkpoint(message: WorkerCheckpoint): void {
     bytes: outcome.saved ? outcome.blob.length : 0,
     ms: Math.round((performance.now() - started) * 100) / 100,
   };
-  const answer: ControlAnswer = { json: JSON.stringify(reply) };
-  if (outcome.saved) answer.blob = outcome.blob;
-  control.postMessage(answer, outcome.saved ? [outcome.blob.buffer as ArrayBuffer] : []);
+  const sent: ControlAnswer = { json: stringify(reply) };
+  if (outcome.saved) sent.blob = outcome.blob;
+  answer(sent, outcome.saved ? [outcome.blob.buffer as ArrayBuffer] : []);
 }
 
 function restore(message: WorkerRestore): void {
@@ -660,7 +668,7 @@ function restore(message: WorkerRestore): void {
     reason,
     ms: Math.round((performance.now() - started) * 100) / 100,
   };
-  control.postMessage({ json: JSON.stringify(reply) } satisfies ControlAnswer);
+  answer({ json: stringify(reply) });
 }
 
 // JIT warm-up: V8 compiles Pyodide's hot WebAssembly functions only after they have run many
@@ -746,7 +754,8 @@ function enqueue(message: Exclude<WorkerMessage, { type: "tool_result" }> | Cont
 self.onmessage = (event: MessageEvent<WorkerMessage>) => {
   const message = event.data;
   if (message.type === "tool_result") {
-    deliver(channel, message.call, message.reply);
+    if (deliver !== undefined) deliver(channel, message.call, message.reply); // a crashed worker's call
+
   } else if (message.type === "init") {
     // Taken before any sandboxed code runs, and kept only here (see ControlRequest in protocol.py).
     control = message.control;
