@@ -1213,10 +1213,14 @@ ATTACKS: list[Attack] = [
         "read_the_runners_stdin",
         program("""
             import os, sys
+            def internals():
+                import js
+                return js.Reflect.get(js.Deno, js.Deno.internal)
             got = []
             attempts = [
                 input, lambda: sys.stdin.read(1), lambda: sys.__stdin__.read(1), lambda: os.read(0, 1),
                 lambda: __import__("js").Deno.stdin.readSync(__import__("js").Uint8Array.new(64)),
+                lambda: internals().core.readSync(0, __import__("js").Uint8Array.new(64)),
             ]
             for attempt in attempts:
                 try:

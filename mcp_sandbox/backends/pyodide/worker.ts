@@ -386,14 +386,17 @@ async function init(message: WorkerInit): Promise<void> {
   pyodide.FS.mkdirTree(GUEST_DATA);
   pyodide.FS.chdir(HOME);
   pyodide.setInterruptBuffer(signals as unknown as Uint8Array);
-  // The runner's stdin carries the host's messages: neither Pyodide's stdin nor Deno's reads it.
+  // The runner's stdin carries the host's messages: neither Pyodide's stdin nor Deno's reads it,
+  // nor Deno's internals (their `core.readSync(0, ...)` reads any open resource).
   pyodide.setStdin({ error: true });
-  Object.defineProperty(Deno, "stdin", {
+  const refuse = (what: string) => ({
     configurable: false,
     get() {
-      throw new Deno.errors.NotCapable("the sandbox has no stdin");
+      throw new Deno.errors.NotCapable(what);
     },
   });
+  Object.defineProperty(Deno, "stdin", refuse("the sandbox has no stdin"));
+  Object.defineProperty(Deno, (Deno as unknown as { internal: symbol }).internal, refuse("Deno's internals are not the sandbox's"));
   syncState = message.syncState as Int32Array;
   syncData = message.syncData as SharedArrayBuffer;
   const loaderGlobals = pyodide.toPy({});
