@@ -161,7 +161,7 @@ class ReadyPool:
             self._backoff.failed()
             logger.error("could not start a sandbox: %s", error)
             # Tell one waiter now rather than let it wait out its timeout for starts that keep failing.
-            if self._waiters and self._backoff.failures >= FAILURES_BEFORE_TELLING:
+            if self._waiters and not error.killed and self._backoff.failures >= FAILURES_BEFORE_TELLING:
                 waiter = self._waiters.popleft()
                 waiter.error = f"could not start a sandbox: {error}"
                 waiter.ready.set()

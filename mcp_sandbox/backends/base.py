@@ -50,6 +50,12 @@ class SandboxDied(Exception):
 class SandboxStartError(Exception):
     """A new sandbox could not be started (runtime missing, load failure, start timeout)."""
 
+    def __init__(self, message: str, *, killed: bool = False) -> None:
+        super().__init__(message)
+        #: Killed from outside while it started (SIGKILL: the OOM killer, an operator): a retry
+        #: is likely to work, so it says nothing about the runtime.
+        self.killed = killed
+
 
 @dataclass(frozen=True)
 class ExecutorLimits:

@@ -3,6 +3,7 @@ the Pyodide runner and the CPython worker."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import signal
@@ -86,9 +87,10 @@ async def start_process_executor(
         with anyio.fail_after(start_timeout):
             await executor.initialize()
     except (SandboxDied, TimeoutError) as error:
+        killed = executor.killed_from_outside
         await executor.close()
         raise SandboxStartError(
-            f"{executor.backend} sandbox failed to start: {error}{executor.stderr_tail()}"
+            f"{executor.backend} sandbox failed to start: {error}{executor.stderr_tail()}", killed=killed
         ) from None
     return executor
 
@@ -146,6 +148,11 @@ class ProcessExecutor(Executor):
     @property
     def pid(self) -> int:
         return self._process.pid
+
+    @property
+    def killed_from_outside(self) -> bool:
+        """Ended by a SIGKILL this host did not send."""
+        return self._death is None and not self._closed and self._process.returncode == -signal.SIGKILL
 
     async def initialize(self) -> None:
         await self._send(self._init)
@@ -286,7 +293,8 @@ class ProcessExecutor(Executor):
         except BaseException as error:
             # Not ready, or no longer waited for: never used half renewed.
             self._death = f"the sandbox could not replace its crashed worker: {error or 'it took too long'}"
-            self._process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
             if isinstance(error, (SandboxDied, TimeoutError)):
                 raise SandboxDied(self._death) from None
             raise
