@@ -676,30 +676,13 @@ def install_waits(wait: Callable[[float], None]) -> None:
     threading._allocate_lock = SleepingLock  # type: ignore[attr-defined]
 
 
-#: (Pyodide) The task of the program that awaits, while it runs: an interrupt cancels it.
-_awaiting: Any = None
+#: (Pyodide) This run was interrupted while its program awaited, and its tasks were cancelled.
 _interrupted = False
-
-
-def run_task(pending: Any) -> Any:
-    """(Pyodide) Run an awaiting program's outcome as a task of the loop, so it can be cancelled."""
-    global _awaiting
-    import asyncio
-
-    _awaiting = asyncio.ensure_future(pending)
-    _awaiting.add_done_callback(_forget)
-    return _awaiting
 
 
 def _as_interrupt(error: BaseException) -> BaseException:
     """A cancellation by `cancel_run` is the run's interrupt, as when the program computes."""
     return KeyboardInterrupt() if _interrupted and type(error).__name__ == "CancelledError" else error
-
-
-def _forget(task: Any) -> None:
-    global _awaiting
-    if _awaiting is task:
-        _awaiting = None
 
 
 def cancel_run() -> bool:

@@ -1,6 +1,7 @@
 """Faults that cost neither the session nor the process: waits stopped when asked, asyncio.run,
 no stdin, a memory cap, a kill flag, and a crashed worker replaced in its process. A real server
-process and a real MCP client, on pyodide (and on subprocess where it says the same)."""
+process and a real MCP client, on pyodide (tests/integration/test_checkpoints.py has the kills and
+memory errors on subprocess too)."""
 
 from __future__ import annotations
 

@@ -43,9 +43,10 @@ let runningId: number | null = null;
 // Pyodide polls its first word, where INTERRUPT_SIGNAL raises KeyboardInterrupt; the second is the
 // kill flag. A blocking tool call: the worker sleeps in Atomics.wait until this thread writes the
 // reply into syncData and wakes it.
-let signals = new Int32Array(new SharedArrayBuffer(8));
-let syncState = new Int32Array(new SharedArrayBuffer(8));
-let syncData = new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
+let signals: Int32Array;
+let syncState: Int32Array;
+let syncData: SharedArrayBuffer;
+newSharedMemory();
 let pendingSyncCall: number | null = null;
 // Pyodide's compiled WebAssembly, handed over by the first worker: a replacement starts from it.
 let compiled: WebAssembly.Module | null = null;
@@ -105,8 +106,7 @@ let worker: Worker | null = null;
 // of the new worker's `ready`. Ended between runs, or with no module to start from, it is the end.
 function renew(crash: CrashedMessage): void {
   // Whatever of the old worker still runs stops at its next signal check, and hears nothing more.
-  Atomics.store(signals, SIGNAL_KILL, 1);
-  Atomics.notify(signals, SIGNAL_INTERRUPT);
+  stopRun(true);
   control?.close();
   worker?.terminate();
   worker = null;
@@ -114,13 +114,26 @@ function renew(crash: CrashedMessage): void {
   pendingSyncCall = null;
   asked = null;
   if (compiled === null || init === null) gone(crash);
-  signals = new Int32Array(new SharedArrayBuffer(8));
-  syncState = new Int32Array(new SharedArrayBuffer(8));
-  syncData = new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
+  newSharedMemory();
   sentData.clear(); // the new worker's data/ is empty
   sendMessage({ ...crash, renewed: true });
   renewing = true;
   worker = startWorker(init!);
+}
+
+function newSharedMemory(): void {
+  signals = new Int32Array(new SharedArrayBuffer(8));
+  syncState = new Int32Array(new SharedArrayBuffer(8));
+  syncData = new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
+}
+
+// KeyboardInterrupt in the running program, which a sleeping one wakes for; `kill` sets the kill
+// flag too.
+function stopRun(kill: boolean): void {
+  if (kill) Atomics.store(signals, SIGNAL_KILL, 1);
+  Atomics.store(signals, SIGNAL_INTERRUPT, INTERRUPT_SIGNAL);
+  Atomics.notify(signals, SIGNAL_INTERRUPT);
+  if (pendingSyncCall !== null) wakeWorker(SYNC_INTERRUPTED);
 }
 
 function gone(last: RunnerMessage | null): never {
@@ -351,20 +364,13 @@ function handle(message: HostMessage): void {
     }
     case "interrupt":
       // Only the run the host means: a late interrupt must not hit the next program.
-      if (runningId === message.id) {
-        Atomics.store(signals, SIGNAL_INTERRUPT, INTERRUPT_SIGNAL);
-        Atomics.notify(signals, SIGNAL_INTERRUPT); // wakes a sleeping program
-        if (pendingSyncCall !== null) wakeWorker(SYNC_INTERRUPTED);
-      }
+      if (runningId === message.id) stopRun(false);
       break;
     case "kill":
       // The program ignored its interrupt: the worker throws at its next signal check, or, parked
       // in an await, ends the run when the kill reaches its event loop.
       if (runningId === message.id) {
-        Atomics.store(signals, SIGNAL_KILL, 1);
-        Atomics.store(signals, SIGNAL_INTERRUPT, INTERRUPT_SIGNAL);
-        Atomics.notify(signals, SIGNAL_INTERRUPT);
-        if (pendingSyncCall !== null) wakeWorker(SYNC_INTERRUPTED);
+        stopRun(true);
         control?.postMessage({ type: "kill", id: message.id });
       }
       break;

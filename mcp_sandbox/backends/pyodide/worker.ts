@@ -131,8 +131,8 @@ function waitInterruptibly(seconds: number): void {
   }
 }
 
-// An interrupt while the program awaits (top-level `await`) finds no Python running to raise in:
-// the program's task is cancelled instead. One waiter at a time, re-armed after it fires.
+// An interrupt while the program awaits (top-level `await`, or asyncio.run) finds no Python running
+// to raise in: its tasks are cancelled instead. One waiter at a time, re-armed after it fires.
 const waitAsync = Atomics.waitAsync.bind(Atomics); // before guardRealm flags its use
 let awaiting = false;
 let watchingInterrupts = false;
@@ -488,8 +488,16 @@ const INTERRUPTED_OUTCOME: GuestOutcome = {
   truncated: false,
 };
 
-function runtime(): { stackSave(): number; stackRestore(at: number): void } {
-  return (pyodide as unknown as { _module: { stackSave(): number; stackRestore(at: number): void } })._module;
+type CStack = { stackSave(): number; stackRestore(at: number): void };
+
+function runtime(): CStack {
+  return (pyodide as unknown as { _module: CStack })._module;
+}
+
+// The run ends here, its worker to be replaced (the runner's renew): the kill flag's error reached
+// it, or the kill found it parked.
+function postKilled(id: number): void {
+  postRunnerMessage(id, { type: "crashed", id, message: new Killed().message }, true);
 }
 
 async function run(message: RunMessage): Promise<void> {
@@ -522,7 +530,7 @@ async function run(message: RunMessage): Promise<void> {
     }
   } catch (error) {
     if (error instanceof Killed || (error as { cause?: unknown }).cause instanceof Killed) {
-      postRunnerMessage(id, { type: "crashed", id, message: new Killed().message }, true);
+      postKilled(id);
       return;
     }
     if ((error as { type?: unknown }).type === "KeyboardInterrupt") {
@@ -706,7 +714,7 @@ function warmUpStep(): void {
 // A kill that reaches this worker's event loop finds its program parked (awaiting): no signal check
 // will come, so the run ends here, and the runner replaces this worker.
 function kill(id: number): void {
-  if (currentId === id) postRunnerMessage(id, { type: "crashed", id, message: new Killed().message }, true);
+  if (currentId === id) postKilled(id);
 }
 
 // init, data and run are handled one after another, in order; a tool_result must not wait
@@ -757,8 +765,8 @@ function enqueue(message: Exclude<WorkerMessage, { type: "tool_result" }> | Cont
 self.onmessage = (event: MessageEvent<WorkerMessage>) => {
   const message = event.data;
   if (message.type === "tool_result") {
-    if (deliver !== undefined) deliver(channel, message.call, message.reply); // a crashed worker's call
-
+    // Before init, it answers a call of the worker this one replaced: nobody is waiting for it.
+    if (deliver !== undefined) deliver(channel, message.call, message.reply);
   } else if (message.type === "init") {
     // Taken before any sandboxed code runs, and kept only here (see ControlRequest in protocol.py).
     control = message.control;
