@@ -685,14 +685,29 @@ def _as_interrupt(error: BaseException) -> BaseException:
     return KeyboardInterrupt() if _interrupted and type(error).__name__ == "CancelledError" else error
 
 
+#: (Pyodide) Tasks pending when the run began: earlier runs' work, which its interrupt leaves be.
+_earlier_tasks: set[Any] = set()
+
+
+def _pending_tasks() -> set[Any]:
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return set()  # never imported: no task exists
+    return {task for task in asyncio.all_tasks(asyncio.get_event_loop()) if not task.done()}
+
+
+def note_tasks() -> None:
+    """(Pyodide) Before a run: remember the tasks earlier runs left pending."""
+    global _earlier_tasks
+    _earlier_tasks = _pending_tasks()
+
+
 def cancel_run() -> bool:
     """(Pyodide) The run was interrupted while its program awaited (a top-level `await`, or
-    asyncio.run blocked through stack switching): cancel every pending task, so it ends with
-    KeyboardInterrupt. False when nothing was pending."""
+    asyncio.run blocked through stack switching): cancel the tasks it started, so it ends with
+    KeyboardInterrupt. False when it had none pending."""
     global _interrupted
-    import asyncio
-
-    pending = [task for task in asyncio.all_tasks(asyncio.get_event_loop()) if not task.done()]
+    pending = _pending_tasks() - _earlier_tasks
     for task in pending:
         task.cancel()
     _interrupted = _interrupted or bool(pending)

@@ -267,3 +267,18 @@ async def test_a_replaced_worker_keeps_nothing_of_the_program_that_crashed(
     assert crashed["error_type"] == "SandboxCrash", crashed
     found = await call(client, FIND, session_id="planted")
     assert found["result"] == "[False, 'None', False, False]", found
+
+
+async def test_an_interrupted_await_leaves_an_earlier_calls_task_running(client: Client) -> None:
+    # The interrupt cancels what the interrupted run started, never the session's earlier work.
+    start = (
+        "import asyncio\nticks = 0\nasync def tick():\n    global ticks\n    while True:\n"
+        "        ticks += 1\n        await asyncio.sleep(0.01)\nbackground = asyncio.ensure_future(tick())"
+    )
+    assert (await call(client, start, session_id="background"))["success"]
+    stopped = await call(
+        client, "import asyncio\nawait asyncio.sleep(5)", session_id="background", timeout=0.5
+    )
+    assert stopped["error_type"] == "Timeout", stopped
+    still = await call(client, "background.done()", session_id="background")
+    assert still["result"] == "False", still

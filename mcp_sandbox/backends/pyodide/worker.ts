@@ -57,6 +57,7 @@ let channel: unknown; // the guest's ToolChannel, which each tool_result goes to
 // Pyodide's interrupt buffer and the kill flag (SIGNAL_INTERRUPT, SIGNAL_KILL; see protocol.py).
 let signals: Int32Array;
 let cancelRun: PyCallable;
+let noteTasks: PyCallable;
 let currentId: number | null = null;
 let clean: CleanState | null = null;
 // The runner's private channel for recycle, checkpoint and restore (module scope: out of reach).
@@ -416,6 +417,7 @@ async function init(message: WorkerInit): Promise<void> {
   limits.destroy();
   runJson = guest.run_json;
   cancelRun = guest.cancel_run;
+  noteTasks = guest.note_tasks;
   guest.install_waits(waitInterruptibly);
   jitWarmUp = guest.jit_warm_up; // borrowed from the module's proxy, which therefore stays
   // The first runs compile much of the runtime lazily (the first takes ~20 ms): do a few before
@@ -511,6 +513,7 @@ async function run(message: RunMessage): Promise<void> {
     // Called as a promising entrypoint, so the program may block on a coroutine through stack
     // switching: asyncio.run and loop.run_until_complete work as they do on CPython. Between its
     // awaits the program is parked, and an interrupt cancels its tasks (cancelOnInterrupt).
+    noteTasks();
     awaiting = true;
     cancelOnInterrupt();
     // A promising call leaves the C stack 16 bytes lower than it found it (Pyodide 0.29.3): put
