@@ -204,8 +204,9 @@ def _user_traceback(error: BaseException) -> str:
     )
 
 
-class ToolError(Exception):
-    """A bridged tool call failed: the message is the upstream's, or the bridge's, reason."""
+class ToolError(RuntimeError):
+    """A bridged tool call failed: the message is the upstream's, or the bridge's, reason. A
+    RuntimeError, so code written for DSPy's interpreter (`except RuntimeError`) catches it too."""
 
 
 ToolError.__module__ = "tools"  # shown as tools.ToolError, the name code can catch it by

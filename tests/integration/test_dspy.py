@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import http.server
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from typing import Any
 import dspy
 import pytest
 from dspy.utils import DummyLM
+from dspy.utils.callback import ACTIVE_CALL_ID, BaseCallback
 
 from mcp_sandbox.integrations.dspy import (
     CodeExecutionError,
@@ -141,11 +143,16 @@ def test_rlm_uses_tools_variables_and_typed_submit(backend: str, monkeypatch: py
     assert result.trajectory[0]["output"] == "7 forty-two\n"
 
 
-def test_state_persists_and_output_is_repl_like(interpreter: SandboxInterpreter) -> None:
+def test_state_persists_and_values_come_back_as_dspy_returns_them(interpreter: SandboxInterpreter) -> None:
     assert interpreter.execute("x = 41\nprint('set')") == "set\n"
-    assert interpreter.execute("x + 1") == "42\n"
-    assert interpreter.execute("print('a')\nx") == "a\n41\n"
-    assert interpreter.execute("y = 1") is None
+    assert interpreter.execute("x + 1") == 42
+    assert interpreter.execute("print('a')\nx") == 41  # a value wins over what was printed, as in DSPy
+    assert interpreter.execute("y = 1") == ""
+    assert interpreter.execute("(x, {3, 1}, 'text', None)") == [41, [1, 3], "text", None]
+    assert interpreter.execute("float('nan')") != interpreter.execute("float('nan')")  # NaN itself
+    assert interpreter.execute("object()").startswith("<object object at")  # not data: its repr
+    assert interpreter(code="import asyncio\nawait asyncio.sleep(0)\nx") == 41  # __call__, top-level await
+    assert interpreter.execute("import asyncio\nasync def f():\n    return 2\nasyncio.run(f())") == 2
 
 
 def test_variables_cross_as_data_never_as_code(interpreter: SandboxInterpreter) -> None:
@@ -159,17 +166,23 @@ def test_variables_cross_as_data_never_as_code(interpreter: SandboxInterpreter) 
     returned = interpreter.execute("SUBMIT([text, table, empty, count])", variables=values)
     assert returned == FinalOutput({"output": [hostile, values["table"], None, 3]})
     # Injected names are ordinary globals afterwards, and a second injection replaces them.
-    assert interpreter.execute("count * 2", variables={"count": 5}) == "10\n"
-    assert interpreter.execute("text == t", variables={"t": hostile}) == "True\n"
+    assert interpreter.execute("count * 2", variables={"count": 5}) == 10
+    assert interpreter.execute("text == t", variables={"t": hostile}) is True
+    # A variable too large for one message travels in parts (DSPy passes large ones through files).
+    big = "é" * 4_000_000
+    assert interpreter.execute("len(big), big[-2:]", variables={"big": big, "pairs": {(1, 2)}}) == [
+        len(big),
+        "éé",
+    ]
 
 
 def test_bad_variables_are_refused_before_running(interpreter: SandboxInterpreter) -> None:
-    with pytest.raises(CodeInterpreterError, match="cannot cross into the sandbox"):
+    with pytest.raises(CodeInterpreterError, match="Unsupported value type: object"):
         interpreter.execute("1", variables={"thing": object()})
     for name in ["1x", "class", "SUBMIT", "tools"]:
-        with pytest.raises(CodeInterpreterError, match=re.escape(repr(name))):
+        with pytest.raises(CodeInterpreterError, match=f"Invalid variable name: {re.escape(repr(name))}"):
             interpreter.execute("1", variables={name: 1})
-    assert interpreter.execute("'still fine'") == "'still fine'\n"
+    assert interpreter.execute("'still fine'") == "still fine"
 
 
 def test_submit_returns_final_output_and_stops_the_program(interpreter: SandboxInterpreter) -> None:
@@ -206,12 +219,12 @@ def test_tools_reach_host_callables(backend: str) -> None:
         out = interpreter.execute("found = search(query='abc')\nprint(len(found), found[-1])")
         assert out == "2 abc-1\n"
         assert calls == [{"query": "abc", "limit": 2}]  # the default applied on the host
-        assert interpreter.execute("weather(city='Oslo')['celsius'] * 2") == "43.0\n"
+        assert interpreter.execute("weather(city='Oslo')['celsius'] * 2") == 43.0
         with dspy.context(sandbox_marker="seen"):
-            assert interpreter.execute("settings_seen()") == "True\n"
+            assert interpreter.execute("settings_seen()") is True
         # Tools added later (as RLM does) reach the session at the next execute.
         interpreter.tools["shout"] = lambda text: text.upper()
-        assert interpreter.execute("shout(text='hey')") == "'HEY'\n"
+        assert interpreter.execute("shout('hey')") == "HEY"
         del interpreter.tools["shout"]
         with pytest.raises(CodeExecutionError, match="NameError"):
             interpreter.execute("shout")
@@ -222,8 +235,10 @@ def test_a_failing_tool_raises_tool_error_in_the_code(backend: str) -> None:
         raise ValueError(f"cannot take {n}")
 
     with SandboxInterpreter(tools={"fragile": fragile}, backend=backend) as interpreter:
-        caught = "try:\n    fragile(n=3)\nexcept ToolError as error:\n    print('caught:', error)"
-        assert interpreter.execute(caught) == "caught: ValueError: cannot take 3\n"
+        caught = (
+            "try:\n    fragile(n=3)\nexcept RuntimeError as error:\n    print(type(error).__name__, error)"
+        )
+        assert interpreter.execute(caught) == "ToolError ValueError: cannot take 3\n"
         with pytest.raises(CodeExecutionError, match="ValueError: cannot take 4"):
             interpreter.execute("fragile(n=4)")
 
@@ -231,7 +246,7 @@ def test_a_failing_tool_raises_tool_error_in_the_code(backend: str) -> None:
 def test_a_tool_cannot_reenter_its_interpreter(backend: str) -> None:
     interpreter = SandboxInterpreter(backend=backend)
     interpreter.tools["again"] = lambda: interpreter.execute("1")
-    with interpreter, pytest.raises(CodeExecutionError, match="cannot call execute"):
+    with interpreter, pytest.raises(CodeExecutionError, match="cannot execute recursively"):
         interpreter.execute("again()")
 
 
@@ -239,13 +254,21 @@ def test_errors_in_the_code(interpreter: SandboxInterpreter) -> None:
     interpreter.execute("kept = 'yes'")
     with pytest.raises(CodeExecutionError) as failed:
         interpreter.execute("def f():\n    return 1 / 0\nf()")
-    assert "ZeroDivisionError: division by zero" in str(failed.value)
-    assert "return 1 / 0" in str(failed.value)  # the traceback quotes the program's own line
+    assert str(failed.value) == "ZeroDivisionError: ['division by zero']"  # DSPy's form: type and args
+    with pytest.raises(CodeExecutionError) as failed:
+        interpreter.execute("raise KeyError")
+    assert "KeyError" in str(failed.value) and "Traceback" in str(failed.value)  # no args: the traceback
     with pytest.raises(SyntaxError, match="Invalid Python syntax"):
         interpreter.execute("def broken(:\n    pass")
     with pytest.raises(SyntaxError):
         interpreter.execute("if True:\nprint('not indented')")
-    assert interpreter.execute("kept") == "'yes'\n"  # errors in the code leave the session healthy
+    for code, kind in [
+        ("import sys\nsys.exit(0)", "SystemExit"),
+        ("raise KeyboardInterrupt('stop')", "KeyboardInterrupt"),
+    ]:
+        with pytest.raises(CodeExecutionError, match=kind):  # errors, as in DSPy, and the session goes on
+            interpreter.execute(code)
+    assert interpreter.execute("kept") == "yes"  # errors in the code leave the session healthy
 
 
 def test_a_timeout_is_an_error_and_the_session_survives(backend: str) -> None:
@@ -256,7 +279,7 @@ def test_a_timeout_is_an_error_and_the_session_survives(backend: str) -> None:
         with pytest.raises(CodeExecutionError, match="Timeout: Execution timed out after 1 s"):
             interpreter.execute("while True: pass")
         assert time.monotonic() - started < 10
-        assert interpreter.execute("kept") == "7\n"
+        assert interpreter.execute("kept") == 7
 
 
 def test_shutdown_is_idempotent_and_leaves_no_process(backend: str) -> None:
@@ -267,7 +290,7 @@ def test_shutdown_is_idempotent_and_leaves_no_process(backend: str) -> None:
     assert interpreter.backend == backend
     started = children() - before
     assert started, "the sandbox runs in a child process"
-    assert interpreter.execute("1 + 1") == "2\n"
+    assert interpreter.execute("1 + 1") == 2
     interpreter.shutdown()
     interpreter.shutdown()
     assert wait_until_gone(started) == set()
@@ -349,6 +372,104 @@ def test_interpreters_from_many_threads() -> None:
         thread.join(120)
     try:
         assert results == {n: FinalOutput({"output": n * n}) for n in range(4)}
-        assert shared.execute("total") == "40\n"
+        assert shared.execute("total") == 40
     finally:
         shared.shutdown()
+
+
+def test_host_files_and_environment_reach_the_code_as_in_dspy(backend: str, tmp_path: Path) -> None:
+    given = tmp_path / "given.txt"
+    given.write_text("read me")
+    synced, unsynced = tmp_path / "synced.txt", tmp_path / "unsynced.txt"
+    unsynced.write_text("original")
+    os.environ["MCP_SANDBOX_DSPY_GIVEN"] = "given value"
+    os.environ.pop("X", None)
+    options: dict[str, Any] = {"backend": backend, "enable_env_vars": ["MCP_SANDBOX_DSPY_GIVEN"]}
+    with SandboxInterpreter(enable_read_paths=[given], enable_write_paths=[synced], **options) as interpreter:
+        code = "import os\nopen('/sandbox/given.txt').read(), os.getenv('MCP_SANDBOX_DSPY_GIVEN'), "
+        code += "os.getenv('X')"
+        assert interpreter.execute(code) == ["read me", "given value", None]
+        assert synced.read_text() == ""  # a missing writable file is made, empty, as DSPy does
+        interpreter.execute(
+            "with open('/sandbox/synced.txt', 'w') as out:\n    out.write('from the sandbox')"
+        )
+        assert synced.read_text() == "from the sandbox"  # written back after the execute
+    with SandboxInterpreter(enable_write_paths=[unsynced], sync_files=False, **options) as interpreter:
+        assert interpreter.execute("open('/sandbox/unsynced.txt', 'w').write('changed')") == 7
+    assert unsynced.read_text() == "original"
+    with SandboxInterpreter(backend=backend) as interpreter:  # nothing given: nothing there
+        assert interpreter.execute(
+            "import os\nos.path.exists('/sandbox/given.txt'), os.getenv('MCP_SANDBOX_DSPY_GIVEN')"
+        ) == [False, None]
+
+
+def test_network_hosts_are_reachable_only_when_given() -> None:
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Access-Control-Allow-Origin", "*")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    fetch = f"import js\nresponse = await js.fetch({url!r})\nresponse.status, await response.text()"
+    try:
+        with SandboxInterpreter(
+            backend="pyodide", enable_network_access=[f"127.0.0.1:{server.server_address[1]}"]
+        ) as given:
+            assert given.execute(fetch) == [200, "ok"]
+        with (
+            SandboxInterpreter(backend="pyodide") as refused,
+            pytest.raises(CodeExecutionError, match="net access"),
+        ):
+            refused.execute(fetch)
+    finally:
+        server.shutdown()
+
+
+def test_callbacks_see_startup_execute_tools_and_shutdown() -> None:
+    events: list[tuple[str, str | None]] = []
+
+    class Recorder(BaseCallback):  # type: ignore[misc]
+        def on_interpreter_execute_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+            events.append(("execute", ACTIVE_CALL_ID.get()))
+
+        def on_interpreter_startup_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+            events.append(("startup", ACTIVE_CALL_ID.get()))
+
+        def on_interpreter_tool_call_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+            events.append(("tool " + inputs["tool_name"], ACTIVE_CALL_ID.get()))
+
+        def on_interpreter_shutdown_end(
+            self, call_id: str, outputs: Any, exception: Exception | None
+        ) -> None:
+            events.append(("shutdown", None))
+
+    with SandboxInterpreter(
+        backend="pyodide", tools={"echo": lambda value: value}, callbacks=[Recorder()]
+    ) as interpreter:
+        assert interpreter.execute("echo(value=payload)", variables={"payload": "first"}) == "first"
+    assert [name for name, _ in events] == ["execute", "startup", "tool echo", "shutdown"]
+    assert events[1][1] == events[2][1] is not None  # startup and the tool call nest inside the execute
+
+
+def test_a_session_restored_from_its_last_checkpoint_keeps_its_tools_and_submit(
+    backend: str, tmp_path: Path
+) -> None:
+    before = children()
+    state = tmp_path / "state"
+    options: dict[str, Any] = {"backend": backend, "state_dir": state, "output_fields": [{"name": "answer"}]}
+    with SandboxInterpreter(tools={"double": lambda n: 2 * n}, **options) as interpreter:
+        interpreter.execute("state = double(21)")
+        deadline = time.monotonic() + 30
+        while not list((state / "sessions").glob("*.state")) and time.monotonic() < deadline:
+            time.sleep(0.1)  # its checkpoint, taken in idle time after the last call
+        kill_every_sandbox_since(before)
+        # Nothing was lost, so the interpreter goes on in the new sandbox, with its tools and SUBMIT.
+        assert interpreter.execute("double(state) + extra", variables={"extra": 1}) == 85
+        assert interpreter.execute("SUBMIT(double(state))") == FinalOutput({"answer": 84})

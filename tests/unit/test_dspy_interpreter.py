@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 from dspy.primitives.code_interpreter import CodeInterpreter, _validate_interpreter_factory
 
-from mcp_sandbox.integrations.dspy import (
-    CodeInterpreterError,
-    SandboxInterpreter,
-    _jsonable,
-    _prelude,
-    _submit_fields,
-)
+from mcp_sandbox.integrations.dspy import CodeInterpreterError, SandboxInterpreter
+from mcp_sandbox.integrations.dspy.interpreter import GUEST_SOURCE
+from mcp_sandbox.integrations.dspy.values import check_name, tool_result, variable_json
 
 
 def run_python(code: str) -> subprocess.CompletedProcess[str]:
@@ -58,46 +58,127 @@ def test_timeout_raises_the_ceiling_and_sets_the_tool_call_limit() -> None:
     assert (settings.backend, settings.memory_mb, settings.pool_size) == ("subprocess", 256, 0)
 
 
-def test_prelude_defines_submit_and_binds_tools() -> None:
-    namespace: dict[str, object] = {}
+class FakeLocal:
+    """The session's `tools.local`, as the guest runtime calls it, recording each call."""
 
-    class Local:
-        submitted: list[object] = []
+    def __init__(self, held: dict[str, str] | None = None) -> None:
+        self.held = held or {}
+        self.reports: list[dict[str, Any]] = []
+        self._parts: list[str] = []
 
-        def _mcp_sandbox_submit(self, value: object) -> None:
-            self.submitted.append(value)
+    def _mcp_sandbox_report(self, part: str, last: bool) -> None:
+        self._parts.append(part)
+        if last:
+            self.reports.append(json.loads("".join(self._parts)))
+            self._parts = []
 
-        def _mcp_sandbox_variable(self, name: str) -> object:
-            return name.upper()
+    def _mcp_sandbox_variable(self, name: str, part: int) -> dict[str, Any]:
+        text = self.held[name]
+        return {"text": text[part * 4 : part * 4 + 4], "more": part * 4 + 4 < len(text)}
 
-        def search(self) -> str:
-            return "found"
-
-    class Tools:
-        local = Local()
-
-    namespace["tools"] = Tools()
-    namespace["gone"] = "stale tool"
-    fields = _submit_fields([{"name": "answer", "type": "int"}, {"name": "note", "type": "Literal['a']"}])
-    assert fields == [("answer", "int"), ("note", None)]
-    exec(_prelude(["search"], ["gone"], fields), namespace)
-    assert "gone" not in namespace
-    assert namespace["search"]() == "found"  # type: ignore[operator]
-    with pytest.raises(SystemExit) as stopped:
-        namespace["SUBMIT"](3, note="n")  # type: ignore[operator]
-    assert stopped.value.code == 0
-    assert Local.submitted == [{"answer": 3, "note": "n"}]
-    namespace["_mcp_sandbox_inject"](["abc"])  # type: ignore[operator]
-    assert namespace["abc"] == "ABC"
+    def search(self, query: str) -> str:
+        return f"found {query}"
 
 
-@pytest.mark.parametrize("name", ["a b", "x); import os #", "SUBMIT", "_mcp_sandbox_x"])
-def test_output_field_names_cannot_inject_code(name: str) -> None:
-    with pytest.raises(CodeInterpreterError):
-        _submit_fields([{"name": name}])
+def guest_session(local: FakeLocal) -> dict[str, Any]:
+    """A namespace with the guest runtime in it, as SandboxInterpreter installs it in a sandbox."""
+    namespace: dict[str, Any] = {"__name__": "__main__", "tools": type("Tools", (), {"local": local})()}
+    scope: dict[str, Any] = {"__name__": "mcp_sandbox_dspy_guest"}
+    exec(compile(GUEST_SOURCE, "guest.py", "exec"), scope)
+    namespace["_mcp_sandbox_dspy"] = scope["Runtime"](namespace)
+    return namespace
 
 
-def test_variables_must_be_json_data_of_bounded_size() -> None:
-    assert _jsonable("s", {"when": {1, 2}}) == {"when": [1, 2]}  # sets and models become JSON data
-    with pytest.raises(CodeInterpreterError, match="'big' is 9,000,002 characters"):
-        _jsonable("big", "x" * 9_000_000)
+def run(namespace: dict[str, Any], code: str, **variables: str | None) -> None:
+    namespace["_mcp_sandbox_dspy"].run(json.dumps({"code": code, "variables": variables}))
+
+
+def test_guest_reports_values_errors_and_submit_as_dspy_does() -> None:
+    local = FakeLocal()
+    session = guest_session(local)
+    session["_mcp_sandbox_dspy"].define_submit([["answer", "int"], ["note", "Literal['a']"]])
+    session["_mcp_sandbox_dspy"].bind_tools(["search"], [])
+    run(session, "x = (1, 2)\nprint('not returned')\nx")
+    run(session, "{3, 1, 2}")
+    run(session, "raise ValueError(123)")
+    run(session, "import sys\nsys.exit(0)")
+    run(session, "SUBMIT(3, note=search(query='q'))")
+    run(session, "SUBMIT(3)")
+    run(session, "print('only printed')")
+    run(session, "def f(:")
+    run(session, "object()")
+    results, errors = local.reports[:2], local.reports[2:4]
+    assert results == [{"value": [1, 2]}, {"value": [1, 2, 3]}]  # tuples and sets as lists
+    assert [(e["error"]["type"], e["error"]["args"]) for e in errors] == [
+        ("ValueError", [123]),
+        ("SystemExit", [0]),
+    ]
+    assert local.reports[4] == {"final": {"answer": 3, "note": "found q"}}
+    assert "missing 1 required positional argument: 'note'" in local.reports[5]["error"]["args"][0]
+    assert local.reports[6] == {}  # nothing to return: the host returns what was printed
+    assert local.reports[7]["error"]["type"] == "SyntaxError"
+    assert local.reports[8]["value"].startswith("<object object at")  # not data: its repr, as text
+
+
+def test_guest_takes_large_variables_in_parts_and_never_reports_an_interrupt() -> None:
+    local = FakeLocal({"big": json.dumps(["a" * 10, {"b": None}])})
+    session = guest_session(local)
+    run(session, "len(big[0]), big[1]", big=None, small='"s"')
+    assert local.reports == [{"value": [10, {"b": None}]}]
+    assert session["small"] == "s"
+    with pytest.raises(KeyboardInterrupt):  # may be the run's timeout: the host reports it
+        run(session, "raise KeyboardInterrupt('stop')")
+    assert len(local.reports) == 1
+
+
+@pytest.mark.parametrize("name", ["a b", "x); import os #", "SUBMIT", "_mcp_sandbox_x", "class"])
+def test_output_field_and_variable_names_cannot_inject_code(name: str) -> None:
+    with pytest.raises(CodeInterpreterError, match="Invalid output field name"):
+        SandboxInterpreter(output_fields=[{"name": name}])._submit_fields()
+    with pytest.raises(CodeInterpreterError, match="Invalid variable name"):
+        check_name(name, "variable")
+
+
+def test_variables_and_tool_results_convert_as_dspy_converts_them() -> None:
+    @dataclasses.dataclass
+    class Box:
+        x: float
+        lock: Any = None
+
+    class Point(NamedTuple):
+        x: int
+        y: int
+
+    assert json.loads(variable_json({"s": {2, 1}, "t": (1, "a"), "n": None})) == {
+        "s": [1, 2],
+        "t": [1, "a"],
+        "n": None,
+    }
+    assert variable_json(float("nan")) == "NaN"
+    with pytest.raises(CodeInterpreterError, match="Unsupported value type: object"):
+        variable_json(object())
+    assert tool_result(None) == "" and tool_result("text") == "text"
+    assert tool_result(Point(1, 2)) == {"x": 1, "y": 2}
+    assert tool_result(Box(1.5)) == {"x": 1.5, "lock": None}
+    assert tool_result(float("nan")) == "nan"  # not JSON: its str()
+    assert tool_result(Box(1.0, threading.Lock())).startswith("test_variables_and")  # str() of the dataclass
+
+
+def test_deno_command_is_refused_with_the_reason() -> None:
+    with pytest.raises(TypeError, match="not a dict"):
+        SandboxInterpreter(deno_command={"a": "b"})  # type: ignore[arg-type]
+    with pytest.raises(CodeInterpreterError, match="starts its own sandbox"):
+        SandboxInterpreter(deno_command=["deno", "run"])
+
+
+def test_mounted_files_need_unique_names(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with pytest.raises(CodeInterpreterError, match="unique basenames"):
+        SandboxInterpreter(
+            enable_read_paths=[tmp_path / "a" / "f.txt"], enable_write_paths=[tmp_path / "b" / "f.txt"]
+        )
+    same = tmp_path / "a" / "same.txt"
+    alias = tmp_path / "b" / "same.txt"
+    alias.symlink_to(same)
+    SandboxInterpreter(enable_read_paths=[same], enable_write_paths=[alias])  # one file, two names: fine

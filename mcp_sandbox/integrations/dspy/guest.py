@@ -1,0 +1,271 @@
+"""DSPy's execute() inside the sandbox: runs in the session, next to the program's variables.
+
+The host (interpreter.py) runs this file's source once per sandbox, which binds `Runtime` to the
+session global `_mcp_sandbox_dspy`; each execute() is then one run of
+`_mcp_sandbox_dspy.run(request)` (or `await ...run_async(request)` for code that awaits). The
+runtime binds the variables, runs the code as a REPL cell and sends one report to the host
+through the local tool `_mcp_sandbox_report`: the final value as JSON, SUBMIT's fields, or the
+error's type and args, which is what DSPy's own runner reports. Only the standard library is
+used: this file is the same on every backend. A KeyboardInterrupt is not reported: it may be the
+run's own timeout, which the host reports instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import hashlib
+import inspect
+import json
+import linecache
+import os
+import traceback
+from collections.abc import Callable, Coroutine
+from types import CodeType
+from typing import Any
+
+#: The largest piece of a report or a file one tool call carries (JSON text or base64).
+PART_CHARS = 1_000_000
+#: SUBMIT's annotations, by the type name the host sends (DSPy's SIMPLE_TYPES).
+SUBMIT_TYPES = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "list": list,
+    "dict": dict,
+    "NoneType": None,
+}
+#: Where DSPy puts the files it is given (enable_read_paths, enable_write_paths).
+MOUNT_FOLDER = "/sandbox"
+FILENAME = "<dspy-cell-{}>"
+
+
+class Submitted(BaseException):
+    """SUBMIT's way out of the program: not an error, and past any `except Exception`."""
+
+
+class _Program:
+    """Code compiled as a REPL cell: the last expression, if any, is its value."""
+
+    def __init__(self, code: str, cell: int) -> None:
+        self.filename = FILENAME.format(cell)
+        # Registered so tracebacks quote the code's lines.
+        linecache.cache[self.filename] = (len(code), None, code.splitlines(True), self.filename)
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        tree = ast.parse(code, self.filename, "exec")
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        self.body: CodeType = compile(tree, self.filename, "exec", flags=flags)
+        self.last: CodeType | None = None
+        if isinstance(last, ast.Expr):
+            self.last = compile(ast.Expression(last.value), self.filename, "eval", flags=flags)
+        self.awaits = any(c is not None and c.co_flags & inspect.CO_COROUTINE for c in (self.body, self.last))
+
+    def run(self, namespace: dict[str, Any]) -> Any:
+        exec(self.body, namespace)
+        return eval(self.last, namespace) if self.last is not None else None
+
+    async def run_async(self, namespace: dict[str, Any]) -> Any:
+        pending = eval(self.body, namespace)
+        if inspect.iscoroutine(pending):
+            await pending
+        if self.last is None:
+            return None
+        value = eval(self.last, namespace)
+        return (
+            await value if inspect.isawaitable(value) and self.last.co_flags & inspect.CO_COROUTINE else value
+        )
+
+
+def _plain(value: Any) -> Any:
+    """JSON's stand-in for what json.dumps cannot write: a set as a (sorted) list."""
+    if isinstance(value, (set, frozenset)):
+        try:
+            return sorted(value)
+        except TypeError:
+            return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON data")
+
+
+def _json(value: Any) -> str:
+    """`value` as JSON text; a value that is not JSON data becomes its repr, as text."""
+    try:
+        return json.dumps(value, default=_plain)
+    except (TypeError, ValueError, RecursionError):
+        try:
+            return json.dumps(repr(value))
+        except Exception as error:  # noqa: BLE001 - a broken __repr__ must not lose the run
+            return json.dumps(f"<repr() failed: {type(error).__name__}: {error}>")
+
+
+def _args(error: BaseException) -> list[Any]:
+    try:
+        return list(json.loads(json.dumps(list(error.args), default=_plain)))
+    except (TypeError, ValueError, RecursionError):
+        return [repr(arg) for arg in error.args]
+
+
+class Runtime:
+    """One session's DSPy runtime. A checkpoint leaves it out (with the tools bound to globals):
+    it belongs to its sandbox, and the host installs it again in the sandbox a session is
+    restored into."""
+
+    def __reduce__(self) -> Any:
+        raise TypeError("the DSPy runtime is installed again after a restore, not saved")
+
+    def __init__(self, namespace: dict[str, Any]) -> None:
+        self.namespace = namespace
+        self.cells = 0
+        #: Writable mounted files: their index on the host, and the digest of what it last had.
+        self.writable: dict[str, tuple[int, str]] = {}
+
+    def _local(self, name: str) -> Callable[..., Any]:
+        # Looked up at each call: the session's `tools` are rebuilt in every sandbox it lives in.
+        return getattr(self.namespace["tools"].local, name)  # type: ignore[no-any-return]
+
+    def define_submit(self, fields: list[list[str]]) -> None:
+        """Bind SUBMIT with one parameter per output field ([name, type name or ""]), each checked
+        as an identifier by the host; with no fields, SUBMIT(output)."""
+        pairs = fields or [["output", ""]]
+        params = ", ".join(f"{name}: {kind}" if kind in SUBMIT_TYPES else name for name, kind in pairs)
+        value = "{" + ", ".join(f"{name!r}: {name}" for name, _ in pairs) + "}"
+        scope: dict[str, Any] = {"Submitted": Submitted, **{k: v for k, v in SUBMIT_TYPES.items() if v}}
+        scope["NoneType"] = None
+        exec(f"def SUBMIT({params}):\n    raise Submitted({value})\n", scope)
+        submit = scope["SUBMIT"]
+        submit.__doc__ = "Submit the final output: the program stops here and execute() returns it."
+        self.namespace["SUBMIT"] = submit
+
+    def bind_tools(self, names: list[str], stale: list[str]) -> None:
+        """Make each local tool a global of its own name, and drop the ones no longer given."""
+        for name in stale:
+            self.namespace.pop(name, None)
+        for name in names:
+            self.namespace[name] = self._local(name)
+
+    def set_environment(self, variables: dict[str, str]) -> None:
+        os.environ.update(variables)
+
+    def mount(self, files_json: str) -> None:
+        """Copy the host's files into MOUNT_FOLDER: JSON [{name, parts, sync}], index = position;
+        the ones with `sync` go back to the host when a run changes them."""
+        files = json.loads(files_json)
+        if files:
+            os.makedirs(MOUNT_FOLDER, exist_ok=True)
+        for index, spec in enumerate(files):
+            data = b"".join(
+                base64.b64decode(self._local("_mcp_sandbox_file")(index=index, part=part))
+                for part in range(spec["parts"])
+            )
+            path = os.path.join(MOUNT_FOLDER, spec["name"])
+            with open(path, "wb") as out:
+                out.write(data)
+            if spec["sync"]:
+                self.writable[path] = (index, hashlib.sha256(data).hexdigest())
+
+    def run(self, request: str | None) -> None:
+        """execute(): `request` is JSON text {code, variables: {name: JSON text}}, or None when
+        the host holds it for the taking (too large to send as code)."""
+        program = self._prepare(request)
+        if program is None:
+            return
+        if program.awaits:
+            # Code only a newer Python than the host's can parse, which also awaits.
+            from pyodide.ffi import run_sync  # type: ignore[import-not-found, unused-ignore]
+
+            self._finish(program, lambda: run_sync(program.run_async(self.namespace)))
+            return
+        self._finish(program, lambda: program.run(self.namespace))
+
+    async def run_async(self, request: str | None) -> None:
+        """run() for code that awaits at its top level."""
+        program = self._prepare(request)
+        if program is None:
+            return
+        pending: Coroutine[Any, Any, Any] = program.run_async(self.namespace)
+        try:
+            value = await pending
+        except Submitted as submitted:
+            self._report({"final": submitted.args[0] if submitted.args else None})
+            return
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # noqa: BLE001 - the program's failure is reported, not raised
+            self._report_error(error, program.filename)
+            return
+        self._succeeded(value)
+
+    def _prepare(self, request: str | None) -> _Program | None:
+        if request is None:
+            request = self._pull("_mcp_sandbox_request")
+        data = json.loads(request)
+        for name, text in data["variables"].items():
+            self.namespace[name] = json.loads(
+                text if text is not None else self._pull("_mcp_sandbox_variable", name)
+            )
+        self.cells += 1
+        try:
+            return _Program(data["code"], self.cells)
+        except SyntaxError as error:
+            message = "".join(traceback.format_exception_only(type(error), error)).strip()
+            self._report({"error": {"type": type(error).__name__, "args": [], "message": message}})
+            return None
+
+    def _finish(self, program: _Program, run: Callable[[], Any]) -> None:
+        try:
+            value = run()
+        except Submitted as submitted:
+            self._report({"final": submitted.args[0] if submitted.args else None})
+            return
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # noqa: BLE001 - the program's failure is reported, not raised
+            self._report_error(error, program.filename)
+            return
+        self._succeeded(value)
+
+    def _succeeded(self, value: Any) -> None:
+        self._sync_files()
+        self._report({} if value is None else {"value": json.loads(_json(value))})
+
+    def _report_error(self, error: BaseException, filename: str) -> None:
+        tb = error.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+            tb = tb.tb_next
+        message = "".join(traceback.format_exception(type(error), error, tb)).strip()
+        self._report({"error": {"type": type(error).__name__, "args": _args(error), "message": message}})
+
+    def _sync_files(self) -> None:
+        """Send the host each writable mounted file this run changed."""
+        for path, (index, digest) in list(self.writable.items()):
+            try:
+                with open(path, "rb") as source:
+                    data = source.read()
+            except OSError:
+                continue
+            now = hashlib.sha256(data).hexdigest()
+            if now == digest:
+                continue
+            text = base64.b64encode(data).decode()
+            parts = range(0, max(len(text), 1), PART_CHARS)
+            for number, start in enumerate(parts):
+                last = number == len(parts) - 1
+                self._local("_mcp_sandbox_sync")(
+                    index=index, part=text[start : start + PART_CHARS], last=last
+                )
+            self.writable[path] = (index, now)
+
+    def _report(self, report: dict[str, Any]) -> None:
+        text = json.dumps(report)
+        for start in range(0, max(len(text), 1), PART_CHARS):
+            last = start + PART_CHARS >= len(text)
+            self._local("_mcp_sandbox_report")(part=text[start : start + PART_CHARS], last=last)
+
+    def _pull(self, tool: str, *name: str) -> str:
+        """A text the host holds, in parts: each call answers {text, more}."""
+        parts: list[str] = []
+        while True:
+            piece = self._local(tool)(*name, part=len(parts))
+            parts.append(piece["text"])
+            if not piece["more"]:
+                return "".join(parts)
