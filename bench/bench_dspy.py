@@ -64,7 +64,9 @@ def measure(backend: str, rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/dspy.json"))
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--backends", default="pyodide,subprocess")

@@ -39,11 +39,6 @@ PROCESS = "reaches into deno_process, DSPy's Deno subprocess"
 OUT_OF_SCOPE: dict[str, str] = {
     # tests/primitives/test_python_interpreter.py
     "test_enable_net_flag": "needs the internet (it fetches https://example.com)",
-    "test_interpreter_security_filesystem_access": (
-        "expects a given file to be readable at its host path through Deno's own API "
-        "(js.Deno.readTextFileSync); this sandbox copies it in at /sandbox/<name> instead, and never opens "
-        "host paths to the code"
-    ),
     "test_default_runner_starts_offline_from_warm_shared_cache": DENO_SETUP,
     "test_pydantic_json_values_are_compatible_with_large_variable_injection": INJECTION,
     "test_json_mode_values_cross_every_host_to_sandbox_path": INJECTION,
@@ -86,6 +81,11 @@ OUT_OF_SCOPE: dict[str, str] = {
 
 #: DSPy tests of a behaviour this interpreter has differently, on purpose: expected to fail, with why.
 DIFFERENT: dict[str, str] = {
+    "test_interpreter_security_filesystem_access": (
+        "expects a given file to be readable at its host path through Deno's own API "
+        "(js.Deno.readTextFileSync); this sandbox copies it in at /sandbox/<name> instead, and never opens "
+        "host paths to the code"
+    ),
     "test_codeact_code_parse_failure": (
         "expects the empty message DSPy's runner gives a SyntaxError; this one says where the error is"
     ),

@@ -378,8 +378,9 @@ def test_interpreters_from_many_threads() -> None:
 
 
 def test_host_files_and_environment_reach_the_code_as_in_dspy(backend: str, tmp_path: Path) -> None:
+    (tmp_path / "real.txt").write_text("read me")
     given = tmp_path / "given.txt"
-    given.write_text("read me")
+    given.symlink_to(tmp_path / "real.txt")  # a link is followed, and keeps its own name inside
     synced, unsynced = tmp_path / "synced.txt", tmp_path / "unsynced.txt"
     unsynced.write_text("original")
     os.environ["MCP_SANDBOX_DSPY_GIVEN"] = "given value"
@@ -428,6 +429,9 @@ def test_network_hosts_are_reachable_only_when_given() -> None:
             pytest.raises(CodeExecutionError, match="net access"),
         ):
             refused.execute(fetch)
+        offline = SandboxInterpreter(backend="subprocess", enable_network_access=["127.0.0.1"])
+        with pytest.raises(CodeInterpreterError, match="enable_network_access needs the pyodide backend"):
+            offline.start()
     finally:
         server.shutdown()
 

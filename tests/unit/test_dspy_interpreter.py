@@ -80,17 +80,20 @@ class FakeLocal:
         return f"found {query}"
 
 
-def guest_session(local: FakeLocal) -> dict[str, Any]:
+def guest_session(local: FakeLocal, report_chars: int = 1000) -> dict[str, Any]:
     """A namespace with the guest runtime in it, as SandboxInterpreter installs it in a sandbox."""
     namespace: dict[str, Any] = {"__name__": "__main__", "tools": type("Tools", (), {"local": local})()}
     scope: dict[str, Any] = {"__name__": "mcp_sandbox_dspy_guest"}
     exec(compile(GUEST_SOURCE, "guest.py", "exec"), scope)
-    namespace["_mcp_sandbox_dspy"] = scope["Runtime"](namespace)
+    namespace["_mcp_sandbox_dspy"] = scope["Runtime"](namespace, report_chars)
     return namespace
 
 
 def run(namespace: dict[str, Any], code: str, **variables: str | None) -> None:
-    namespace["_mcp_sandbox_dspy"].run(json.dumps({"code": code, "variables": variables}))
+    """One execute(); its report joins the tool's, as the host reads it off the run's result."""
+    report = namespace["_mcp_sandbox_dspy"].run(json.dumps({"code": code, "variables": variables}))
+    if report is not None:
+        namespace["tools"].local.reports.append(json.loads(repr(report)))
 
 
 def test_guest_reports_values_errors_and_submit_as_dspy_does() -> None:
@@ -107,6 +110,7 @@ def test_guest_reports_values_errors_and_submit_as_dspy_does() -> None:
     run(session, "print('only printed')")
     run(session, "def f(:")
     run(session, "object()")
+    run(session, "'y' * 2000")  # longer than the result carries: through the tool, in parts
     results, errors = local.reports[:2], local.reports[2:4]
     assert results == [{"value": [1, 2]}, {"value": [1, 2, 3]}]  # tuples and sets as lists
     assert [(e["error"]["type"], e["error"]["args"]) for e in errors] == [
@@ -118,6 +122,7 @@ def test_guest_reports_values_errors_and_submit_as_dspy_does() -> None:
     assert local.reports[6] == {}  # nothing to return: the host returns what was printed
     assert local.reports[7]["error"]["type"] == "SyntaxError"
     assert local.reports[8]["value"].startswith("<object object at")  # not data: its repr, as text
+    assert local.reports[9] == {"value": "y" * 2000}
 
 
 def test_guest_takes_large_variables_in_parts_and_never_reports_an_interrupt() -> None:

@@ -3,9 +3,10 @@
 The host (interpreter.py) runs this file's source once per sandbox, which binds `Runtime` to the
 session global `_mcp_sandbox_dspy`; each execute() is then one run of
 `_mcp_sandbox_dspy.run(request)` (or `await ...run_async(request)` for code that awaits). The
-runtime binds the variables, runs the code as a REPL cell and sends one report to the host
-through the local tool `_mcp_sandbox_report`: the final value as JSON, SUBMIT's fields, or the
-error's type and args, which is what DSPy's own runner reports. Only the standard library is
+runtime binds the variables, runs the code as a REPL cell and gives the host one report: the
+final value as JSON, SUBMIT's fields, or the error's type and args, which is what DSPy's own
+runner reports. The report is the run's value (its repr is the JSON text), or, when longer than
+the result can carry, goes through the local tool `_mcp_sandbox_report` in parts. Only the standard library is
 used: this file is the same on every backend. A KeyboardInterrupt is not reported: it may be the
 run's own timeout, which the host reports instead.
 """
@@ -39,6 +40,16 @@ SUBMIT_TYPES = {
 #: Where DSPy puts the files it is given (enable_read_paths, enable_write_paths).
 MOUNT_FOLDER = "/sandbox"
 FILENAME = "<dspy-cell-{}>"
+
+
+class Report:
+    """A run's report, as its value: the result shows the JSON text as it is."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 class Submitted(BaseException):
@@ -113,8 +124,10 @@ class Runtime:
     def __reduce__(self) -> Any:
         raise TypeError("the DSPy runtime is installed again after a restore, not saved")
 
-    def __init__(self, namespace: dict[str, Any]) -> None:
+    def __init__(self, namespace: dict[str, Any], report_chars: int) -> None:
         self.namespace = namespace
+        #: The longest report the run's result carries whole (the sandbox's max_output_chars).
+        self.report_chars = report_chars
         self.cells = 0
         #: Writable mounted files: their index on the host, and the digest of what it last had.
         self.writable: dict[str, tuple[int, str]] = {}
@@ -163,39 +176,35 @@ class Runtime:
             if spec["sync"]:
                 self.writable[path] = (index, hashlib.sha256(data).hexdigest())
 
-    def run(self, request: str | None) -> None:
+    def run(self, request: str | None) -> Report | None:
         """execute(): `request` is JSON text {code, variables: {name: JSON text}}, or None when
-        the host holds it for the taking (too large to send as code)."""
+        the host holds it for the taking (too large to send as code). The report, as the run's
+        value when it fits the result, else None (sent through the tool)."""
         program = self._prepare(request)
-        if program is None:
-            return
+        if not isinstance(program, _Program):
+            return program
         if program.awaits:
             # Code only a newer Python than the host's can parse, which also awaits.
             from pyodide.ffi import run_sync  # type: ignore[import-not-found, unused-ignore]
 
-            self._finish(program, lambda: run_sync(program.run_async(self.namespace)))
-            return
-        self._finish(program, lambda: program.run(self.namespace))
+            return self._finish(program, lambda: run_sync(program.run_async(self.namespace)))
+        return self._finish(program, lambda: program.run(self.namespace))
 
-    async def run_async(self, request: str | None) -> None:
+    async def run_async(self, request: str | None) -> Report | None:
         """run() for code that awaits at its top level."""
         program = self._prepare(request)
-        if program is None:
-            return
+        if not isinstance(program, _Program):
+            return program
         pending: Coroutine[Any, Any, Any] = program.run_async(self.namespace)
         try:
             value = await pending
-        except Submitted as submitted:
-            self._report({"final": submitted.args[0] if submitted.args else None})
-            return
         except KeyboardInterrupt:
             raise
         except BaseException as error:  # noqa: BLE001 - the program's failure is reported, not raised
-            self._report_error(error, program.filename)
-            return
-        self._succeeded(value)
+            return self._failed(error, program)
+        return self._succeeded(value)
 
-    def _prepare(self, request: str | None) -> _Program | None:
+    def _prepare(self, request: str | None) -> _Program | Report | None:
         if request is None:
             request = self._pull("_mcp_sandbox_request")
         data = json.loads(request)
@@ -208,32 +217,35 @@ class Runtime:
             return _Program(data["code"], self.cells)
         except SyntaxError as error:
             message = "".join(traceback.format_exception_only(type(error), error)).strip()
-            self._report({"error": {"type": type(error).__name__, "args": [], "message": message}})
-            return None
+            return self._report({"error": {"type": type(error).__name__, "args": [], "message": message}})
 
-    def _finish(self, program: _Program, run: Callable[[], Any]) -> None:
+    def _finish(self, program: _Program, run: Callable[[], Any]) -> Report | None:
         try:
             value = run()
-        except Submitted as submitted:
-            self._report({"final": submitted.args[0] if submitted.args else None})
-            return
         except KeyboardInterrupt:
             raise
         except BaseException as error:  # noqa: BLE001 - the program's failure is reported, not raised
-            self._report_error(error, program.filename)
-            return
-        self._succeeded(value)
+            return self._failed(error, program)
+        return self._succeeded(value)
 
-    def _succeeded(self, value: Any) -> None:
+    def _failed(self, error: BaseException, program: _Program) -> Report | None:
+        if isinstance(error, Submitted):
+            self._sync_files()
+            return self._report({"final": error.args[0] if error.args else None})
+        return self._report_error(error, program.filename)
+
+    def _succeeded(self, value: Any) -> Report | None:
         self._sync_files()
-        self._report({} if value is None else {"value": json.loads(_json(value))})
+        return self._report_text("{}" if value is None else '{"value": ' + _json(value) + "}")
 
-    def _report_error(self, error: BaseException, filename: str) -> None:
+    def _report_error(self, error: BaseException, filename: str) -> Report | None:
         tb = error.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != filename:
             tb = tb.tb_next
         message = "".join(traceback.format_exception(type(error), error, tb)).strip()
-        self._report({"error": {"type": type(error).__name__, "args": _args(error), "message": message}})
+        return self._report(
+            {"error": {"type": type(error).__name__, "args": _args(error), "message": message}}
+        )
 
     def _sync_files(self) -> None:
         """Send the host each writable mounted file this run changed."""
@@ -255,11 +267,17 @@ class Runtime:
                 )
             self.writable[path] = (index, now)
 
-    def _report(self, report: dict[str, Any]) -> None:
-        text = json.dumps(report)
-        for start in range(0, max(len(text), 1), PART_CHARS):
+    def _report(self, report: dict[str, Any]) -> Report | None:
+        return self._report_text(json.dumps(report, default=_plain))
+
+    def _report_text(self, text: str) -> Report | None:
+        """The report as the run's value when the result can carry it whole, else through the tool."""
+        if len(text) <= self.report_chars:
+            return Report(text)
+        for start in range(0, len(text), PART_CHARS):
             last = start + PART_CHARS >= len(text)
             self._local("_mcp_sandbox_report")(part=text[start : start + PART_CHARS], last=last)
+        return None
 
     def _pull(self, tool: str, *name: str) -> str:
         """A text the host holds, in parts: each call answers {text, more}."""

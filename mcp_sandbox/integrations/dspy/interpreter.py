@@ -284,7 +284,7 @@ class SandboxInterpreter:
                 exchange.held["request"], literal = request, "None"
             call = "await _mcp_sandbox_dspy.run_async" if _awaits(code) else "_mcp_sandbox_dspy.run"
             result = self._run(f"{call}({literal})")
-            if self._came_back_without_runtime(result, exchange.report):
+            if self._came_back_without_runtime(result, self._report(result)):
                 # Restored into a new sandbox from a checkpoint that could not keep the runtime: the
                 # program never started, so it runs once the runtime is back.
                 self._ensure_installed()
@@ -292,7 +292,7 @@ class SandboxInterpreter:
                 exchange.report_parts, exchange.report = [], None
                 result = self._run(f"{call}({literal})")
             exchange.held = {}
-            return self._outcome(result, exchange.report)
+            return self._outcome(result, self._report(result))
 
     def __call__(self, code: str, variables: dict[str, Any] | None = None) -> Any:
         return self.execute(code, variables)
@@ -338,6 +338,19 @@ class SandboxInterpreter:
             raise CodeInterpreterError(f"the sandbox could not start: {error}") from error
         self._runtime = runtime
         self._close = weakref.finalize(self, runtime.close)
+        backend = runtime.sandbox.backend
+        if self.enable_network_access and backend != "pyodide":
+            self._end()
+            raise CodeInterpreterError(
+                f"enable_network_access needs the pyodide backend; the {backend} backend gives code "
+                "no network"
+            )
+        if self._mounts.files and backend == "inprocess":
+            self._end()
+            raise CodeInterpreterError(
+                "enable_read_paths and enable_write_paths need a sandbox (pyodide or subprocess); in-process "
+                "code runs on the host, where it opens host files itself"
+            )
         self._ensure_installed()  # also starts the session's sandbox, so start() leaves it warm
         self._sync_tools()
 
@@ -402,7 +415,7 @@ class SandboxInterpreter:
             "def _mcp_sandbox_install(source):\n"
             '    scope = {"__name__": "mcp_sandbox_dspy_guest"}\n'
             '    exec(compile(source, "mcp_sandbox/integrations/dspy/guest.py", "exec"), scope)\n'
-            '    return scope["Runtime"](globals())\n'
+            f'    return scope["Runtime"](globals(), {self.settings.max_output_chars})\n'
             f"_mcp_sandbox_dspy = _mcp_sandbox_install({_literal(GUEST_SOURCE)})\n"
             "del _mcp_sandbox_install\n"
             f"_mcp_sandbox_dspy.set_environment({json.dumps(environment)})\n"
@@ -486,6 +499,18 @@ class SandboxInterpreter:
             if result.error_type in SANDBOX_DEATHS:
                 return
         self._calls += 1
+
+    def _report(self, result: ExecutionResult) -> dict[str, Any] | None:
+        """The guest's report: the run's value, or what came through the tool when it was long."""
+        if self._exchange.report is not None:
+            return self._exchange.report
+        if not result.success or result.result is None:
+            return None
+        try:
+            report = json.loads(result.result)
+        except ValueError:
+            return None
+        return report if isinstance(report, dict) else None
 
     def _came_back_without_runtime(self, result: ExecutionResult, report: dict[str, Any] | None) -> bool:
         if not (result.session_restored and report is None and result.error_type == "NameError"):
