@@ -149,8 +149,8 @@ class CappedText(io.TextIOBase):
 class Program:
     """One submitted program, compiled as a REPL cell: the last expression is its value."""
 
-    def __init__(self, code: str, cell: int) -> None:
-        self.filename = f"{CELL_PREFIX}{cell}>"
+    def __init__(self, code: str, filename: str) -> None:
+        self.filename = filename
         # Registered so tracebacks can quote the user's lines, as they can for a file.
         linecache.cache[self.filename] = (len(code), None, code.splitlines(True), self.filename)
         flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
@@ -559,7 +559,7 @@ class Interpreter:
         stdout = CappedText(max_output_chars, report, keep)
         stderr = CappedText(max_output_chars, report, keep)
         try:
-            program = Program(code, self.cells)
+            program = Program(code, f"{CELL_PREFIX}{self.cells}>")
         except BaseException as error:  # noqa: BLE001 - a SyntaxError is the caller's outcome
             return _outcome(stdout, stderr, max_output_chars, error=error)
         if program.is_async:

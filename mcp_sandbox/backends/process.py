@@ -99,6 +99,18 @@ async def start_process_executor(
 _said: set[str] = set()
 
 
+def is_running(pid: int) -> bool:
+    """False when process `pid` has ended, even before anyone reaped it (a zombie); True when it
+    runs, or where there is no /proc to tell."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return not Path("/proc/self/stat").exists()
+    except OSError:
+        return True
+    return stat.rsplit(b")", 1)[1].split()[0] != b"Z"
+
+
 class ProcessExecutor(Executor):
     """A sandbox that is a child process speaking the runner protocol (protocol.py) on its
     stdin and stdout. Subclasses name the backend and may interrupt differently."""
@@ -174,6 +186,9 @@ class ProcessExecutor(Executor):
 
     async def _submit(self, code: str, tools_manifest: str | None) -> None:
         await self._renewed()
+        if not is_running(self.pid):
+            # Killed between calls, before anything here saw it: the program never starts.
+            raise SandboxDied("the sandbox process had ended before the call")
         self._drain_stale_messages()
         self._run_id += 1
         message: protocol.RunMessage = {"type": "run", "id": self._run_id, "code": code}

@@ -13,16 +13,13 @@ run's own timeout, which the host reports instead.
 
 from __future__ import annotations
 
-import ast
 import base64
 import hashlib
-import inspect
 import json
-import linecache
 import os
+import sys
 import traceback
 from collections.abc import Callable, Coroutine
-from types import CodeType
 from typing import Any
 
 #: The largest piece of a report or a file one tool call carries (JSON text or base64).
@@ -40,6 +37,8 @@ SUBMIT_TYPES = {
 #: Where DSPy puts the files it is given (enable_read_paths, enable_write_paths).
 MOUNT_FOLDER = "/sandbox"
 FILENAME = "<dspy-cell-{}>"
+#: The sandbox's guest runtime (mcp_sandbox/backends/guest.py), loaded in every sandbox.
+GUEST_RUNTIME = "mcp_sandbox.backends.guest"
 
 
 class Report:
@@ -54,38 +53,6 @@ class Report:
 
 class Submitted(BaseException):
     """SUBMIT's way out of the program: not an error, and past any `except Exception`."""
-
-
-class _Program:
-    """Code compiled as a REPL cell: the last expression, if any, is its value."""
-
-    def __init__(self, code: str, cell: int) -> None:
-        self.filename = FILENAME.format(cell)
-        # Registered so tracebacks quote the code's lines.
-        linecache.cache[self.filename] = (len(code), None, code.splitlines(True), self.filename)
-        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-        tree = ast.parse(code, self.filename, "exec")
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        self.body: CodeType = compile(tree, self.filename, "exec", flags=flags)
-        self.last: CodeType | None = None
-        if isinstance(last, ast.Expr):
-            self.last = compile(ast.Expression(last.value), self.filename, "eval", flags=flags)
-        self.awaits = any(c is not None and c.co_flags & inspect.CO_COROUTINE for c in (self.body, self.last))
-
-    def run(self, namespace: dict[str, Any]) -> Any:
-        exec(self.body, namespace)
-        return eval(self.last, namespace) if self.last is not None else None
-
-    async def run_async(self, namespace: dict[str, Any]) -> Any:
-        pending = eval(self.body, namespace)
-        if inspect.iscoroutine(pending):
-            await pending
-        if self.last is None:
-            return None
-        value = eval(self.last, namespace)
-        return (
-            await value if inspect.isawaitable(value) and self.last.co_flags & inspect.CO_COROUTINE else value
-        )
 
 
 def _plain(value: Any) -> Any:
@@ -180,10 +147,10 @@ class Runtime:
         """execute(): `request` is JSON text {code, variables: {name: JSON text}}, or None when
         the host holds it for the taking (too large to send as code). The report, as the run's
         value when it fits the result, else None (sent through the tool)."""
-        program = self._prepare(request)
-        if not isinstance(program, _Program):
-            return program
-        if program.awaits:
+        program, refused = self._prepare(request)
+        if program is None:
+            return refused
+        if program.is_async:
             # Code only a newer Python than the host's can parse, which also awaits.
             from pyodide.ffi import run_sync  # type: ignore[import-not-found, unused-ignore]
 
@@ -192,9 +159,9 @@ class Runtime:
 
     async def run_async(self, request: str | None) -> Report | None:
         """run() for code that awaits at its top level."""
-        program = self._prepare(request)
-        if not isinstance(program, _Program):
-            return program
+        program, refused = self._prepare(request)
+        if program is None:
+            return refused
         pending: Coroutine[Any, Any, Any] = program.run_async(self.namespace)
         try:
             value = await pending
@@ -204,7 +171,9 @@ class Runtime:
             return self._failed(error, program)
         return self._succeeded(value)
 
-    def _prepare(self, request: str | None) -> _Program | Report | None:
+    def _prepare(self, request: str | None) -> tuple[Any, Report | None]:
+        """The request's variables bound and its code compiled (the guest runtime's Program), or
+        no program and the report of its SyntaxError."""
         if request is None:
             request = self._pull("_mcp_sandbox_request")
         data = json.loads(request)
@@ -214,12 +183,14 @@ class Runtime:
             )
         self.cells += 1
         try:
-            return _Program(data["code"], self.cells)
+            return sys.modules[GUEST_RUNTIME].Program(data["code"], FILENAME.format(self.cells)), None
         except SyntaxError as error:
             message = "".join(traceback.format_exception_only(type(error), error)).strip()
-            return self._report({"error": {"type": type(error).__name__, "args": [], "message": message}})
+            return None, self._report(
+                {"error": {"type": type(error).__name__, "args": [], "message": message}}
+            )
 
-    def _finish(self, program: _Program, run: Callable[[], Any]) -> Report | None:
+    def _finish(self, program: Any, run: Callable[[], Any]) -> Report | None:
         try:
             value = run()
         except KeyboardInterrupt:
@@ -228,7 +199,7 @@ class Runtime:
             return self._failed(error, program)
         return self._succeeded(value)
 
-    def _failed(self, error: BaseException, program: _Program) -> Report | None:
+    def _failed(self, error: BaseException, program: Any) -> Report | None:
         if isinstance(error, Submitted):
             self._sync_files()
             return self._report({"final": error.args[0] if error.args else None})
