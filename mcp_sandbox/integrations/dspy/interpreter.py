@@ -109,6 +109,8 @@ def _literal(text: str) -> str:
 def _awaits(code: str) -> bool:
     """Whether `code` awaits at its top level (False when this Python cannot compile it: the
     sandbox then reports its SyntaxError, or runs syntax newer than the host's)."""
+    if "await" not in code and "async" not in code:
+        return False
     try:
         compiled = compile(code, "<dspy>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
     except (SyntaxError, ValueError):
