@@ -16,6 +16,7 @@ from dspy.primitives.code_interpreter import CodeInterpreter, _validate_interpre
 from mcp_sandbox.backends import guest  # noqa: F401 - in every sandbox, where the DSPy runtime uses it
 from mcp_sandbox.integrations.dspy import CodeInterpreterError, SandboxInterpreter
 from mcp_sandbox.integrations.dspy.interpreter import GUEST_SOURCE
+from mcp_sandbox.integrations.dspy.mounts import Mounts
 from mcp_sandbox.integrations.dspy.values import check_name, tool_result, variable_json
 
 
@@ -188,3 +189,18 @@ def test_mounted_files_need_unique_names(tmp_path: Path) -> None:
     alias = tmp_path / "b" / "same.txt"
     alias.symlink_to(same)
     SandboxInterpreter(enable_read_paths=[same], enable_write_paths=[alias])  # one file, two names: fine
+
+
+def test_the_sandbox_names_files_by_index_and_cannot_write_back_a_read_only_one(tmp_path: Path) -> None:
+    given, written = tmp_path / "given.txt", tmp_path / "written.txt"
+    given.write_text("host data")
+    mounts = Mounts([given], [written], sync=True)
+    assert [spec["name"] for spec in mounts.load()] == ["given.txt", "written.txt"]
+    for index in (0, -1, 2, 10**9):
+        with pytest.raises(CodeInterpreterError, match="not one the sandbox writes back"):
+            mounts.receive(index, "aGk=", last=True)
+    with pytest.raises(CodeInterpreterError, match="there is no part"):
+        mounts.part(-1, 0)
+    mounts.receive(1, "aG", last=False)
+    mounts.receive(1, "k=", last=True)
+    assert written.read_text() == "hi" and given.read_text() == "host data"

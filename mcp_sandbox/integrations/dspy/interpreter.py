@@ -58,6 +58,8 @@ CLOSE_WAIT = 30.0
 MEMORY_MB = 2048
 #: A request (code and variables, JSON) up to this many characters travels inside the run's code.
 INLINE_CHARS = 64_000
+#: The longest report (the final value as JSON) the host takes: what a program can make it hold.
+MAX_REPORT_CHARS = 256 * 2**20
 #: Variables up to this many characters of JSON travel inside the request; larger ones in parts.
 INLINE_VARIABLE_CHARS = 16_000
 GUEST_SOURCE = resources.files(__package__).joinpath("guest.py").read_text(encoding="utf-8")
@@ -91,11 +93,14 @@ class _Exchange:
 
     def take(self, key: str, part: int) -> dict[str, Any]:
         text = self.held[key]
-        start = part * PART_CHARS
+        start = max(part, 0) * PART_CHARS
         return {"text": text[start : start + PART_CHARS], "more": start + PART_CHARS < len(text)}
 
     def receive(self, part: str, last: bool) -> None:
         self.report_parts.append(part)
+        if sum(map(len, self.report_parts)) > MAX_REPORT_CHARS:
+            self.report_parts = []
+            raise CodeExecutionError(f"the program's value is over {MAX_REPORT_CHARS:,} characters as JSON")
         if last:
             self.report = json.loads("".join(self.report_parts))
             self.report_parts = []

@@ -18,6 +18,8 @@ from mcp_sandbox.integrations.dspy.errors import CodeInterpreterError
 
 #: Base64 characters one tool reply carries (well under the bridge's reply cap).
 PART_CHARS = 3_000_000
+#: The largest file written back, as base64 (256 MiB of file).
+MAX_FILE_CHARS = 4 * 256 * 2**20 // 3
 
 
 @dataclass
@@ -67,15 +69,22 @@ class Mounts:
         return specs
 
     def part(self, index: int, part: int) -> str:
+        if not (0 <= index < len(self.files) and 0 <= part < len(self.files[index].parts)):
+            raise CodeInterpreterError(f"there is no part {part} of file {index}")
         return self.files[index].parts[part]
 
     def receive(self, index: int, part: str, last: bool) -> None:
         """A part of a writable file the code changed; the last one writes it to the host."""
-        mount = self.files[index]
-        if not (mount.writable and self.sync):
-            raise CodeInterpreterError(f"{mount.name} is not a file the sandbox writes back")
+        mount = self.files[index] if 0 <= index < len(self.files) else None
+        if mount is None or not (mount.writable and self.sync):
+            raise CodeInterpreterError(f"file {index} is not one the sandbox writes back")
         pieces = self._incoming.setdefault(index, [])
         pieces.append(part)
+        if sum(map(len, pieces)) > MAX_FILE_CHARS:
+            del self._incoming[index]
+            raise CodeInterpreterError(
+                f"{mount.name} is over {MAX_FILE_CHARS * 3 // 4:,} bytes: not written back"
+            )
         if last:
             del self._incoming[index]
             mount.host.write_bytes(base64.b64decode("".join(pieces)))
