@@ -4,7 +4,9 @@ the Pyodide runner and the CPython worker."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
 import secrets
 import signal
 from collections import deque
@@ -99,13 +101,24 @@ async def start_process_executor(
 _said: set[str] = set()
 
 
+@functools.cache
+def _proc_is_ours() -> bool:
+    """Whether /proc shows this process's PID namespace (it may not, under `unshare --pid`)."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
 def is_running(pid: int) -> bool:
     """False when process `pid` has ended, even before anyone reaped it (a zombie); True when it
-    runs, or where there is no /proc to tell."""
+    runs, or where there is no /proc of this PID namespace to tell."""
+    if not _proc_is_ours():
+        return True
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
     except FileNotFoundError:
-        return not Path("/proc/self/stat").exists()
+        return False
     except OSError:
         return True
     return stat.rsplit(b")", 1)[1].split()[0] != b"Z"

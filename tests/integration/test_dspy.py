@@ -148,6 +148,7 @@ def test_state_persists_and_values_come_back_as_dspy_returns_them(interpreter: S
     assert interpreter.execute("x + 1") == 42
     assert interpreter.execute("print('a')\nx") == 41  # a value wins over what was printed, as in DSPy
     assert interpreter.execute("y = 1") == ""
+    assert interpreter.execute("print('z' * 40_000, end='')") == "z" * 40_000  # all of it, as DSPy
     assert interpreter.execute("(x, {3, 1}, 'text', None)") == [41, [1, 3], "text", None]
     assert interpreter.execute("float('nan')") != interpreter.execute("float('nan')")  # NaN itself
     assert interpreter.execute("object()").startswith("<object object at")  # not data: its repr
@@ -174,6 +175,15 @@ def test_variables_cross_as_data_never_as_code(interpreter: SandboxInterpreter) 
         len(big),
         "éé",
     ]
+
+
+def test_a_program_that_replaces_the_runtime_gets_an_error_not_a_crash(
+    interpreter: SandboxInterpreter,
+) -> None:
+    forged = "class Forged:\n    def __repr__(self):\n        return '{\"error\": 1}'\n"
+    interpreter.execute(forged + "_mcp_sandbox_dspy.run = lambda request: Forged()")
+    with pytest.raises(CodeExecutionError, match="report is malformed"):
+        interpreter.execute("1")
 
 
 def test_bad_variables_are_refused_before_running(interpreter: SandboxInterpreter) -> None:
@@ -474,6 +484,9 @@ def test_a_session_restored_from_its_last_checkpoint_keeps_its_tools_and_submit(
         while not list((state / "sessions").glob("*.state")) and time.monotonic() < deadline:
             time.sleep(0.1)  # its checkpoint, taken in idle time after the last call
         kill_every_sandbox_since(before)
-        # Nothing was lost, so the interpreter goes on in the new sandbox, with its tools and SUBMIT.
-        assert interpreter.execute("double(state) + extra", variables={"extra": 1}) == 85
+        # Nothing was lost, so the interpreter goes on in the new sandbox, with its tools and SUBMIT,
+        # a variable too large to travel inside the program, and a tool given since (as RLM does).
+        interpreter.tools["triple"] = lambda n: 3 * n
+        big = "b" * 20_000
+        assert interpreter.execute("double(state) + triple(len(big))", variables={"big": big}) == 60_084
         assert interpreter.execute("SUBMIT(double(state))") == FinalOutput({"answer": 84})

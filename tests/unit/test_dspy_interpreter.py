@@ -15,7 +15,8 @@ from dspy.primitives.code_interpreter import CodeInterpreter, _validate_interpre
 
 from mcp_sandbox.backends import guest  # noqa: F401 - in every sandbox, where the DSPy runtime uses it
 from mcp_sandbox.integrations.dspy import CodeInterpreterError, SandboxInterpreter
-from mcp_sandbox.integrations.dspy.interpreter import GUEST_SOURCE
+from mcp_sandbox.integrations.dspy.errors import CodeExecutionError
+from mcp_sandbox.integrations.dspy.interpreter import GUEST_SOURCE, _awaits, _Exchange
 from mcp_sandbox.integrations.dspy.mounts import Mounts
 from mcp_sandbox.integrations.dspy.values import check_name, tool_result, variable_json
 
@@ -113,6 +114,8 @@ def test_guest_reports_values_errors_and_submit_as_dspy_does() -> None:
     run(session, "def f(:")
     run(session, "object()")
     run(session, "'y' * 2000")  # longer than the result carries: through the tool, in parts
+    session["_mcp_sandbox_dspy"].define_submit([["Submitted", "str"]])  # any field name but reserved ones
+    run(session, "SUBMIT('named so')")
     results, errors = local.reports[:2], local.reports[2:4]
     assert results == [{"value": [1, 2]}, {"value": [1, 2, 3]}]  # tuples and sets as lists
     assert [(e["error"]["type"], e["error"]["args"]) for e in errors] == [
@@ -125,6 +128,7 @@ def test_guest_reports_values_errors_and_submit_as_dspy_does() -> None:
     assert local.reports[7]["error"]["type"] == "SyntaxError"
     assert local.reports[8]["value"].startswith("<object object at")  # not data: its repr, as text
     assert local.reports[9] == {"value": "y" * 2000}
+    assert local.reports[10] == {"final": {"Submitted": "named so"}}
 
 
 def test_guest_takes_large_variables_in_parts_and_never_reports_an_interrupt() -> None:
@@ -201,6 +205,19 @@ def test_the_sandbox_names_files_by_index_and_cannot_write_back_a_read_only_one(
             mounts.receive(index, "aGk=", last=True)
     with pytest.raises(CodeInterpreterError, match="there is no part"):
         mounts.part(-1, 0)
+    with pytest.raises(CodeInterpreterError, match="base64 text"):
+        mounts.receive(1, ["a" * 10] * 3, last=False)  # type: ignore[arg-type]
+    mounts.receive(1, "AAAA", last=False)  # a run cut off mid-file: its parts never reach the next
+    mounts.begin()
     mounts.receive(1, "aG", last=False)
     mounts.receive(1, "k=", last=True)
     assert written.read_text() == "hi" and given.read_text() == "host data"
+
+
+def test_what_the_sandbox_sends_the_host_is_checked() -> None:
+    exchange = _Exchange()
+    with pytest.raises(CodeExecutionError, match="ASCII text"):
+        exchange.receive(["x" * 10] * 100, last=True)  # type: ignore[arg-type]
+    exchange.receive('{"value": ' + "[" * 100_000 + "]" * 100_000 + "}", last=True)
+    assert exchange.report is None  # nested past what the parser takes: no report, not a crash
+    assert not _awaits("async def f(): pass\n" + "(" * 100_000 + ")" * 100_000)

@@ -109,9 +109,11 @@ class Runtime:
         pairs = fields or [["output", ""]]
         params = ", ".join(f"{name}: {kind}" if kind in SUBMIT_TYPES else name for name, kind in pairs)
         value = "{" + ", ".join(f"{name!r}: {name}" for name, _ in pairs) + "}"
-        scope: dict[str, Any] = {"Submitted": Submitted, **{k: v for k, v in SUBMIT_TYPES.items() if v}}
+        # Output fields may take any name but the reserved ones, so the exception goes by one.
+        scope: dict[str, Any] = {"_mcp_sandbox_Submitted": Submitted}
+        scope.update({k: v for k, v in SUBMIT_TYPES.items() if v})
         scope["NoneType"] = None
-        exec(f"def SUBMIT({params}):\n    raise Submitted({value})\n", scope)
+        exec(f"def SUBMIT({params}):\n    raise _mcp_sandbox_Submitted({value})\n", scope)
         submit = scope["SUBMIT"]
         submit.__doc__ = "Submit the final output: the program stops here and execute() returns it."
         self.namespace["SUBMIT"] = submit
@@ -189,6 +191,8 @@ class Runtime:
             return None, self._report(
                 {"error": {"type": type(error).__name__, "args": [], "message": message}}
             )
+        except (ValueError, RecursionError, MemoryError) as error:  # null bytes; nesting too deep
+            return None, self._report_error(error, "")
 
     def _finish(self, program: Any, run: Callable[[], Any]) -> Report | None:
         try:

@@ -85,11 +85,13 @@ class _Exchange:
     #: The request (JSON text) and the large variables' JSON texts, for the guest to take in parts.
     held: dict[str, str] = field(default_factory=dict)
     report_parts: list[str] = field(default_factory=list)
-    report: dict[str, Any] | None = None
+    report_chars: int = 0
+    report: Any = None
 
     def begin(self) -> None:
+        """Ready for one run: the caller's context now, and no report yet."""
         self.context = contextvars.copy_context()
-        self.held, self.report_parts, self.report = {}, [], None
+        self.report_parts, self.report_chars, self.report = [], 0, None
 
     def take(self, key: str, part: int) -> dict[str, Any]:
         text = self.held[key]
@@ -97,13 +99,24 @@ class _Exchange:
         return {"text": text[start : start + PART_CHARS], "more": start + PART_CHARS < len(text)}
 
     def receive(self, part: str, last: bool) -> None:
-        self.report_parts.append(part)
-        if sum(map(len, self.report_parts)) > MAX_REPORT_CHARS:
-            self.report_parts = []
+        if not isinstance(part, str) or not part.isascii():  # the runtime sends ASCII JSON text
+            raise CodeExecutionError("a report's part must be ASCII text")
+        self.report_chars += len(part)
+        if self.report_chars > MAX_REPORT_CHARS:
+            self.report_parts, self.report_chars = [], 0
             raise CodeExecutionError(f"the program's value is over {MAX_REPORT_CHARS:,} characters as JSON")
+        self.report_parts.append(part)
         if last:
-            self.report = json.loads("".join(self.report_parts))
-            self.report_parts = []
+            text, self.report_parts, self.report_chars = "".join(self.report_parts), [], 0
+            self.report = _parsed(text)
+
+
+def _parsed(text: str) -> Any:
+    """JSON text as data, or None when it is not JSON (or nested past what the parser takes)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _literal(text: str) -> str:
@@ -118,7 +131,7 @@ def _awaits(code: str) -> bool:
         return False
     try:
         compiled = compile(code, "<dspy>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return bool(compiled.co_flags & inspect.CO_COROUTINE)
 
@@ -282,7 +295,6 @@ class SandboxInterpreter:
             self._ensure_installed()
             self._sync_tools()
             exchange = self._exchange
-            exchange.begin()
             inline = {k: v if len(v) <= INLINE_VARIABLE_CHARS else None for k, v in texts.items()}
             exchange.held = {f"variable {k}": v for k, v in texts.items() if inline[k] is None}
             request = json.dumps({"code": code, "variables": inline})
@@ -290,16 +302,21 @@ class SandboxInterpreter:
             if len(literal) > INLINE_CHARS:
                 exchange.held["request"], literal = request, "None"
             call = "await _mcp_sandbox_dspy.run_async" if _awaits(code) else "_mcp_sandbox_dspy.run"
-            result = self._run(f"{call}({literal})")
-            if self._came_back_without_runtime(result, self._report(result)):
-                # Restored into a new sandbox from a checkpoint that could not keep the runtime: the
-                # program never started, so it runs once the runtime is back.
-                self._ensure_installed()
-                self._sync_tools()
-                exchange.report_parts, exchange.report = [], None
+            try:
+                exchange.begin()
+                self._mounts.begin()
                 result = self._run(f"{call}({literal})")
-            exchange.held = {}
-            return self._outcome(result, self._report(result))
+                if self._lost_runtime(result):
+                    # Restored into a new sandbox from a checkpoint that could not keep the runtime:
+                    # the program never started, so it runs once the runtime is back.
+                    self._check_alive(result)
+                    self._ensure_installed()
+                    self._sync_tools()
+                    exchange.begin()
+                    result = self._run(f"{call}({literal})")
+                return self._outcome(result)
+            finally:
+                exchange.held = {}
 
     def __call__(self, code: str, variables: dict[str, Any] | None = None) -> Any:
         return self.execute(code, variables)
@@ -465,6 +482,11 @@ class SandboxInterpreter:
         self._exchange.begin()
         result = self._run(code)
         self._check_alive(result)
+        if self._lost_runtime(result):  # restored without it: put it back, then this code again
+            self._ensure_installed()
+            self._exchange.begin()
+            result = self._run(code)
+            self._check_alive(result)
         if not result.success:
             raise CodeInterpreterError(f"the sandbox session could not be prepared: {result.error}")
 
@@ -508,27 +530,39 @@ class SandboxInterpreter:
         self._calls += 1
 
     def _report(self, result: ExecutionResult) -> dict[str, Any] | None:
-        """The guest's report: the run's value, or what came through the tool when it was long."""
-        if self._exchange.report is not None:
-            return self._exchange.report
-        if not result.success or result.result is None:
+        """The guest's report: the run's value, or what came through the tool when it was long.
+        The program could have replaced the runtime, so a report of the wrong shape is an error."""
+        report = self._exchange.report
+        if report is None and result.success and result.result is not None:
+            report = _parsed(result.result)
+        elif report is None:
             return None
-        try:
-            report = json.loads(result.result)
-        except ValueError:
-            return None
-        return report if isinstance(report, dict) else None
+        error = report.get("error") if isinstance(report, dict) else None
+        well_formed = isinstance(report, dict) and (
+            "error" not in report
+            or (
+                isinstance(error, dict)
+                and isinstance(error.get("type"), str)
+                and isinstance(error.get("args"), list)
+                and isinstance(error.get("message"), str)
+            )
+        )
+        if not well_formed:
+            raise CodeExecutionError("the program's report is malformed: did it replace _mcp_sandbox_dspy?")
+        return report  # type: ignore[no-any-return]
 
-    def _came_back_without_runtime(self, result: ExecutionResult, report: dict[str, Any] | None) -> bool:
-        if not (result.session_restored and report is None and result.error_type == "NameError"):
-            return False
-        if "'_mcp_sandbox_dspy' is not defined" not in (result.error or ""):
-            return False
-        self._check_alive(result)  # ends the interpreter when the state was rolled back
-        return True
+    @staticmethod
+    def _lost_runtime(result: ExecutionResult) -> bool:
+        """Whether the run found a session restored without the runtime (checkpoints leave it out)."""
+        return (
+            result.session_restored
+            and result.error_type == "NameError"
+            and "'_mcp_sandbox_dspy' is not defined" in (result.error or "")
+        )
 
-    def _outcome(self, result: ExecutionResult, report: dict[str, Any] | None) -> Any:
+    def _outcome(self, result: ExecutionResult) -> Any:
         self._check_alive(result)
+        report = self._report(result)
         if report is None:
             if result.success:
                 raise CodeExecutionError(
@@ -549,4 +583,14 @@ class SandboxInterpreter:
             raise CodeExecutionError(f"{error['type']}: {error['args'] or error['message']}")
         if "value" in report:
             return report["value"]
-        return result.stdout
+        return self._whole_stdout(result)
+
+    def _whole_stdout(self, result: ExecutionResult) -> str:
+        """What the code printed: all of it (up to max_kept_output_chars) when the result cut it."""
+        if result.stdout_uri is None:
+            return result.stdout
+        runtime = self._started()
+        try:
+            return runtime.portal.call(runtime.sandbox.read_output, result.stdout_uri)
+        except Exception:  # noqa: BLE001 - dropped meanwhile: the cut text is what there is
+            return result.stdout

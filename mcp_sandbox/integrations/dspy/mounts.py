@@ -52,6 +52,7 @@ class Mounts:
             names[name] = mount = Mount(host, name, writable)
             self.files.append(mount)
         self._incoming: dict[int, list[str]] = {}
+        self._incoming_chars: dict[int, int] = {}
 
     def load(self) -> list[dict[str, object]]:
         """Read every file (creating a missing writable one); what the sandbox's runtime mounts.
@@ -69,24 +70,33 @@ class Mounts:
         return specs
 
     def part(self, index: int, part: int) -> str:
+        if not (isinstance(index, int) and isinstance(part, int)):
+            raise CodeInterpreterError("a file and its part are numbers")
         if not (0 <= index < len(self.files) and 0 <= part < len(self.files[index].parts)):
             raise CodeInterpreterError(f"there is no part {part} of file {index}")
         return self.files[index].parts[part]
 
+    def begin(self) -> None:
+        """Before each execute: parts a cut-off run left are dropped, never joined to the next run's."""
+        self._incoming, self._incoming_chars = {}, {}
+
     def receive(self, index: int, part: str, last: bool) -> None:
         """A part of a writable file the code changed; the last one writes it to the host."""
-        mount = self.files[index] if 0 <= index < len(self.files) else None
+        mount = self.files[index] if isinstance(index, int) and 0 <= index < len(self.files) else None
         if mount is None or not (mount.writable and self.sync):
-            raise CodeInterpreterError(f"file {index} is not one the sandbox writes back")
-        pieces = self._incoming.setdefault(index, [])
-        pieces.append(part)
-        if sum(map(len, pieces)) > MAX_FILE_CHARS:
-            del self._incoming[index]
+            raise CodeInterpreterError(f"file {index!r} is not one the sandbox writes back")
+        if not isinstance(part, str) or not part.isascii():
+            raise CodeInterpreterError("a file's part must be base64 text")
+        self._incoming.setdefault(index, []).append(part)
+        self._incoming_chars[index] = self._incoming_chars.get(index, 0) + len(part)
+        if self._incoming_chars[index] > MAX_FILE_CHARS:
+            self.begin()
             raise CodeInterpreterError(
                 f"{mount.name} is over {MAX_FILE_CHARS * 3 // 4:,} bytes: not written back"
             )
         if last:
-            del self._incoming[index]
+            pieces = self._incoming.pop(index)
+            del self._incoming_chars[index]
             mount.host.write_bytes(base64.b64decode("".join(pieces)))
 
     def loaded(self) -> None:
