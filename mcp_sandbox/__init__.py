@@ -3,8 +3,19 @@
 __version__ = "0.1.0"
 
 # After __version__: the server module imports it from here.
+from mcp_sandbox.errors import InvalidRequest, PoolUnavailable, Refused, SessionElsewhere, SessionLimitReached
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.settings import Settings
 
-__all__ = ["ExecutionResult", "Sandbox", "Settings", "__version__"]
+__all__ = [
+    "ExecutionResult",
+    "InvalidRequest",
+    "PoolUnavailable",
+    "Refused",
+    "Sandbox",
+    "SessionElsewhere",
+    "SessionLimitReached",
+    "Settings",
+    "__version__",
+]

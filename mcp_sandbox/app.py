@@ -26,6 +26,7 @@ from mcp_sandbox.bridge.check import wrong_calls_message
 from mcp_sandbox.bridge.config import BridgeConfig, load_bridge_config
 from mcp_sandbox.bridge.local import LocalTools
 from mcp_sandbox.bridge.upstreams import ToolBridge
+from mcp_sandbox.errors import InvalidRequest
 from mcp_sandbox.kept import KeptOutputs
 from mcp_sandbox.policy import policy_violation
 from mcp_sandbox.pool import ReadyPool
@@ -41,10 +42,6 @@ SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:-]*[A-Za-z0-9_:-][A-Za-z0-9_.:-]*$"
 MAX_SESSION_ID_CHARS = 128
 #: How long start-up waits for the upstream servers to list their tools (they keep trying after).
 BRIDGE_STARTUP_WAIT = 15.0
-
-
-class InvalidRequest(ValueError):
-    """A call's arguments break a limit; the message says which and how to fix it."""
 
 
 def check_request(settings: Settings, code: str, session_id: str | None, timeout: float | None) -> None:

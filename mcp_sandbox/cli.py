@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
 from mcp_sandbox import __version__
-from mcp_sandbox.app import App, InvalidRequest
+from mcp_sandbox.app import App
 from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError, no_progress
 from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version
 from mcp_sandbox.bridge.config import BridgeConfigError
@@ -40,12 +40,11 @@ from mcp_sandbox.doctor import (
     package_location,
     run_checks,
 )
+from mcp_sandbox.errors import Refused
 from mcp_sandbox.packages import PackageError, fetch_packages
-from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.server import build_server
-from mcp_sandbox.sessions import SessionElsewhere, SessionLimitReached
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.web import BearerAuth, RoutingSessionId
 
@@ -60,10 +59,7 @@ EXPECTED_ERRORS = (
     SandboxStartError,
     BridgeConfigError,
     PackageError,
-    PoolUnavailable,
-    SessionLimitReached,
-    SessionElsewhere,
-    InvalidRequest,
+    Refused,
 )
 
 SETTINGS_NOTE = (

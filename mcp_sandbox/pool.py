@@ -11,16 +11,13 @@ import anyio
 import anyio.abc
 
 from mcp_sandbox.backends.base import Executor, SandboxStartError
+from mcp_sandbox.errors import PoolUnavailable
 from mcp_sandbox.retry import Backoff
 
 logger = logging.getLogger(__name__)
 
 #: Failed starts in a row before a waiter is told: one may be a sandbox killed while starting.
 FAILURES_BEFORE_TELLING = 2
-
-
-class PoolUnavailable(Exception):
-    """No sandbox could be had: the wait ran out, or sandboxes fail to start."""
 
 
 @dataclass(eq=False)

@@ -66,10 +66,11 @@ class Sandbox:
     ) -> ExecutionResult:
         """Run code, exactly as the `execute_python` tool does: same limits, same result.
 
-        Errors in the code are in the result (`success`, `error_type`), never raised. Raises
-        InvalidRequest (a ValueError, with the tool's message) for code, a session id or a
-        timeout over a limit, PoolUnavailable or SessionLimitReached when no sandbox can be had,
-        and SessionElsewhere when another instance sharing the state folder runs the session.
+        Errors in the code are in the result (`success`, `error_type`), never raised. A call the
+        server will not run raises a `Refused` (mcp_sandbox.errors), with the tool's message:
+        InvalidRequest (also a ValueError) for code, a session id or a timeout over a limit,
+        PoolUnavailable or SessionLimitReached when no sandbox can be had, and SessionElsewhere
+        when another instance sharing the state store runs the session.
         """
         return await self._started().execute(code, timeout=timeout, session_id=session_id)
 

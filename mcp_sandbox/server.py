@@ -25,13 +25,12 @@ from mcp.types import (
 from pydantic import BaseModel, Field
 
 from mcp_sandbox import __version__
-from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App, InvalidRequest
+from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App
 from mcp_sandbox.bridge.catalog import NO_MATCH, ToolSpec
 from mcp_sandbox.bridge.stubs import stubs
+from mcp_sandbox.errors import Refused
 from mcp_sandbox.kept import URI_TEMPLATE, KeptOutputMissing, line_number
-from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.result import ExecutionResult
-from mcp_sandbox.sessions import SessionElsewhere, SessionLimitReached
 
 #: Output text files up to this size also come back as embedded resources.
 INLINE_TEXT_BYTES = 64 * 1024
@@ -278,7 +277,7 @@ def build_server(app: App) -> MCPServer:
 
         try:
             result = await app.execute(code, timeout=timeout, session_id=session_id, progress=report)
-        except (InvalidRequest, PoolUnavailable, SessionLimitReached, SessionElsewhere) as error:
+        except Refused as error:
             raise ToolError(str(error)) from None
         return tool_result(result)
 
@@ -290,7 +289,7 @@ def build_server(app: App) -> MCPServer:
         """End a session: drop its variables and stop its sandbox."""
         try:
             existed = await app.reset_session(session_id)
-        except (InvalidRequest, SessionElsewhere) as error:
+        except Refused as error:
             raise ToolError(str(error)) from None
         return ResetResult(session_id=session_id, existed=existed)
 

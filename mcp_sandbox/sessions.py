@@ -15,6 +15,7 @@ import anyio
 import anyio.abc
 
 from mcp_sandbox.backends.base import Backend, Executor, SandboxStartError
+from mcp_sandbox.errors import SessionElsewhere, SessionLimitReached
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
@@ -143,14 +144,6 @@ def account(
         )
         said += ", so its variables are gone"
     return Resumed(notes=[said], lost=True)
-
-
-class SessionLimitReached(Exception):
-    """Every session slot is taken."""
-
-
-class SessionElsewhere(Exception):
-    """Another instance sharing the state folder runs the session, and kept it past the wait."""
 
 
 @dataclass(eq=False)

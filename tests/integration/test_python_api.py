@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 
 from mcp_sandbox import ExecutionResult, Sandbox
-from mcp_sandbox.app import InvalidRequest
+from mcp_sandbox.errors import InvalidRequest
 from tests.integration.conftest import server_params
 
 

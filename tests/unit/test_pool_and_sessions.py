@@ -6,8 +6,9 @@ import anyio
 import pytest
 
 from mcp_sandbox.backends.base import Executor, SandboxStartError
-from mcp_sandbox.pool import PoolUnavailable, ReadyPool
-from mcp_sandbox.sessions import SessionLimitReached, SessionPool
+from mcp_sandbox.errors import PoolUnavailable, SessionLimitReached
+from mcp_sandbox.pool import ReadyPool
+from mcp_sandbox.sessions import SessionPool
 from mcp_sandbox.settings import Settings
 from tests.unit.fakes import FakeExecutor
 

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from mcp_sandbox.app import InvalidRequest, check_request
+from mcp_sandbox.app import check_request
+from mcp_sandbox.errors import InvalidRequest
 from mcp_sandbox.protocol import cap_text, encode, max_line_bytes, open_envelope
 from mcp_sandbox.result import cap_outcome
 from mcp_sandbox.settings import Settings

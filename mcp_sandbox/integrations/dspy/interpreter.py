@@ -33,14 +33,12 @@ from anyio.from_thread import BlockingPortal
 from dspy.utils.callback import BaseCallback  # type: ignore[import-untyped]
 from dspy.utils.callback import with_callbacks as _untyped_with_callbacks
 
-from mcp_sandbox.app import InvalidRequest
+from mcp_sandbox.errors import InvalidRequest, Refused
 from mcp_sandbox.integrations.dspy.errors import CodeExecutionError, CodeInterpreterError, FinalOutput
 from mcp_sandbox.integrations.dspy.mounts import PART_CHARS, Mounts
 from mcp_sandbox.integrations.dspy.values import INTERNAL_PREFIX, check_name, tool_result, variable_json
-from mcp_sandbox.pool import PoolUnavailable
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
-from mcp_sandbox.sessions import SessionElsewhere, SessionLimitReached
 from mcp_sandbox.settings import BackendName, Settings
 
 logger = logging.getLogger(__name__)
@@ -497,7 +495,7 @@ class SandboxInterpreter:
             return runtime.portal.call(run)
         except InvalidRequest as error:  # the code is over a limit: the program's to fix
             raise CodeExecutionError(str(error)) from None
-        except (PoolUnavailable, SessionLimitReached, SessionElsewhere, RuntimeError) as error:
+        except (Refused, RuntimeError) as error:
             self._end()
             raise CodeInterpreterError(f"the sandbox is unavailable: {error}") from error
 

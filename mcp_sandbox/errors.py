@@ -1,0 +1,26 @@
+"""Refusals: a call this server will not run, and why. One base, `Refused`, whose message is a
+sentence for the caller; every adapter passes it on as it is (an MCP ToolError, a CLI error, a
+DSPy interpreter error). Everything else a call goes through is in its result, never raised."""
+
+
+class Refused(Exception):
+    """A call the server will not run; the message says why and what to do."""
+
+
+class InvalidRequest(Refused, ValueError):
+    """A call's arguments break a limit; the message says which and how to fix it."""
+
+
+class PoolUnavailable(Refused):
+    """No sandbox could be had: the wait ran out, or sandboxes fail to start."""
+
+
+class SessionLimitReached(Refused):
+    """Every session slot is taken."""
+
+
+class SessionElsewhere(Refused):
+    """Another instance sharing the state store runs the session, and kept it past the wait."""
+
+
+__all__ = ["InvalidRequest", "PoolUnavailable", "Refused", "SessionElsewhere", "SessionLimitReached"]
