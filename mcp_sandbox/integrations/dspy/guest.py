@@ -186,12 +186,7 @@ class Runtime:
         self.cells += 1
         try:
             return sys.modules[GUEST_RUNTIME].Program(data["code"], FILENAME.format(self.cells)), None
-        except SyntaxError as error:
-            message = "".join(traceback.format_exception_only(type(error), error)).strip()
-            return None, self._report(
-                {"error": {"type": type(error).__name__, "args": [], "message": message}}
-            )
-        except (ValueError, RecursionError, MemoryError) as error:  # null bytes; nesting too deep
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as error:  # null bytes, deep nesting
             return None, self._report_error(error, "")
 
     def _finish(self, program: Any, run: Callable[[], Any]) -> Report | None:
@@ -233,13 +228,7 @@ class Runtime:
             now = hashlib.sha256(data).hexdigest()
             if now == digest:
                 continue
-            text = base64.b64encode(data).decode()
-            parts = range(0, max(len(text), 1), PART_CHARS)
-            for number, start in enumerate(parts):
-                last = number == len(parts) - 1
-                self._local("_mcp_sandbox_sync")(
-                    index=index, part=text[start : start + PART_CHARS], last=last
-                )
+            self._send("_mcp_sandbox_sync", base64.b64encode(data).decode(), index=index)
             self.writable[path] = (index, now)
 
     def _report(self, report: dict[str, Any]) -> Report | None:
@@ -249,10 +238,14 @@ class Runtime:
         """The report as the run's value when the result can carry it whole, else through the tool."""
         if len(text) <= self.report_chars:
             return Report(text)
-        for start in range(0, len(text), PART_CHARS):
-            last = start + PART_CHARS >= len(text)
-            self._local("_mcp_sandbox_report")(part=text[start : start + PART_CHARS], last=last)
+        self._send("_mcp_sandbox_report", text)
         return None
+
+    def _send(self, tool: str, text: str, **arguments: Any) -> None:
+        """`text` to the host through `tool`, in parts (one, empty, for an empty text)."""
+        starts = range(0, max(len(text), 1), PART_CHARS)
+        for start in starts:
+            self._local(tool)(**arguments, part=text[start : start + PART_CHARS], last=start == starts[-1])
 
     def _pull(self, tool: str, *name: str) -> str:
         """A text the host holds, in parts: each call answers {text, more}."""

@@ -260,6 +260,8 @@ class SandboxInterpreter:
         #: Whether the session has the guest runtime: False again once it comes back in a new sandbox.
         self._installed = False
         self._synced: tuple[dict[str, Callable[..., Any]], Any] | None = None
+        #: The tools the Sandbox was last given (None: none yet).
+        self._given: dict[str, Callable[..., Any]] | None = None
 
     @property
     def backend(self) -> str | None:
@@ -426,11 +428,7 @@ class SandboxInterpreter:
         if self._installed:
             return
         self._synced = None  # the tools and SUBMIT are bound again in the new sandbox
-        runtime = self._started()
-        try:
-            runtime.portal.call(runtime.sandbox.set_tools, self._local_tools())
-        except (ValueError, TypeError) as error:  # a callable whose signature cannot be read
-            raise CodeInterpreterError(f"the tools cannot be given to the sandbox: {error}") from error
+        self._give_tools()  # the runtime takes the files through them
         environment = {name: os.environ[name] for name in self.enable_env_vars if name in os.environ}
         files = self._mounts.load()
         self._prepare(
@@ -453,17 +451,26 @@ class SandboxInterpreter:
         if wanted == self._synced:
             return
         names = [check_name(name, "tool") for name in wanted[0]]
-        runtime = self._started()
-        try:
-            runtime.portal.call(runtime.sandbox.set_tools, self._local_tools())
-        except (ValueError, TypeError) as error:  # a callable whose signature cannot be read
-            raise CodeInterpreterError(f"the tools cannot be given to the sandbox: {error}") from error
+        self._give_tools()
         stale = sorted(set(self._synced[0]) - set(names)) if self._synced is not None else []
         self._prepare(
             f"_mcp_sandbox_dspy.bind_tools({json.dumps(names)}, {json.dumps(stale)})\n"
             f"_mcp_sandbox_dspy.define_submit({json.dumps(fields)})\n"
         )
         self._synced = wanted
+
+    def _give_tools(self) -> None:
+        """Give the Sandbox (host side, kept across the session's sandboxes) the current tools and
+        the runtime's own, unless it has them already."""
+        tools = dict(self.tools)
+        if tools == self._given:
+            return
+        runtime = self._started()
+        try:
+            runtime.portal.call(runtime.sandbox.set_tools, self._local_tools())
+        except (ValueError, TypeError) as error:  # a callable whose signature cannot be read
+            raise CodeInterpreterError(f"the tools cannot be given to the sandbox: {error}") from error
+        self._given = tools
 
     def _submit_fields(self) -> list[list[str]]:
         """[name, type] for each output field RLM declares; none: the one-argument SUBMIT(output)."""
