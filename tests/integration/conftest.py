@@ -1,43 +1,14 @@
-"""A real server process, reached through the real MCP client, with the real Deno runner."""
+"""The conformance suite's server: one real server process per backend, reached through the real MCP
+client, with the real Deno runner."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator
 
-import anyio
-import anyio.abc
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client
 
-#: Settings every test server gets: small pool, quick kill after an ignored interrupt.
-TEST_ENV = {
-    "MCP_SANDBOX_POOL_SIZE": "2",
-    "MCP_SANDBOX_INTERRUPT_GRACE": "1",
-    "MCP_SANDBOX_LOG_LEVEL": "WARNING",
-    # No fetching from the Pyodide CDN: tests of the default packages give their own index.
-    "MCP_SANDBOX_DEFAULT_PACKAGES": "",
-    # A host secret that must never be visible inside the sandbox.
-    "MCP_SANDBOX_TEST_SECRET": "hunter2-host-secret",
-}
-
-
-def server_params(**env: str) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "mcp_sandbox"], env={**TEST_ENV, **env})
-
-
-async def call(client: Client, code: str, **arguments: Any) -> dict[str, Any]:
-    """Call execute_python and return its structured result, checking the envelope."""
-    response = await client.call_tool("execute_python", {"code": code, **arguments})
-    assert not response.is_error, response.content
-    assert response.structured_content is not None
-    return response.structured_content
+from tests.helpers import server_params
 
 
 @pytest.fixture(scope="module", params=["pyodide", "subprocess", "inprocess"])
@@ -51,138 +22,3 @@ def backend(request: pytest.FixtureRequest) -> str:
 async def client(anyio_backend: str, backend: str) -> AsyncIterator[Client]:
     async with Client(server_params(MCP_SANDBOX_BACKEND=backend)) as connected:
         yield connected
-
-
-def needs_pyodide(backend: str, why: str) -> None:
-    if backend != "pyodide":
-        pytest.skip(f"pyodide only: {why}")
-
-
-def needs_isolation(backend: str, why: str) -> None:
-    """Skip on inprocess, which shares the server's interpreter by design (trusted code only)."""
-    if backend == "inprocess":
-        pytest.skip(f"not on inprocess: {why}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@asynccontextmanager
-async def http_server(transport: str = "http", **env: str) -> AsyncIterator[tuple[int, anyio.abc.Process]]:
-    """A server process serving `transport` (http or sse) on 127.0.0.1: (port, process). Stopped
-    with SIGTERM (SIGKILL after 10 s) unless the test ended it itself."""
-    port = free_port()
-    command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", transport, "--port", str(port)]
-    process = await anyio.open_process(
-        command, env=server_env(MCP_SANDBOX_POOL_SIZE="1", **env), stdout=subprocess.DEVNULL
-    )
-    try:
-        await wait_for_port(port, process)
-        yield port, process
-    finally:
-        await stop_process(process)
-
-
-async def stop_process(process: anyio.abc.Process, sig: int = signal.SIGTERM, grace: float = 10) -> None:
-    """Send `sig` to a process the test started (unless it has ended), SIGKILL it after `grace`
-    seconds, and close it."""
-    if process.returncode is None:
-        process.send_signal(sig)
-        with anyio.move_on_after(grace):
-            await process.wait()
-    if process.returncode is None:
-        process.kill()
-        await process.wait()
-    await process.aclose()
-
-
-async def wait_for_port(port: int, process: anyio.abc.Process, limit: float = 60) -> None:
-    with anyio.fail_after(limit):
-        while True:
-            if process.returncode is not None:
-                raise RuntimeError(f"server exited with {process.returncode}")
-            try:
-                stream = await anyio.connect_tcp("127.0.0.1", port)
-            except OSError:
-                await anyio.sleep(0.1)
-                continue
-            await stream.aclose()
-            return
-
-
-def process_tree(root: int) -> dict[int, bytes]:
-    """`root` and every process below it, each with its command line (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as stat:
-                    parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    tree: dict[int, bytes] = {}
-    pending = [root]
-    while pending:
-        pid = pending.pop()
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                tree[pid] = cmdline.read()
-        except OSError:
-            continue
-        pending.extend(children.get(pid, []))
-    return tree
-
-
-def pid_with_environ(marker: str) -> int | None:
-    """The process whose environment contains `marker` (how a test finds its server process)."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as environ:
-                    if marker.encode() in environ.read():
-                        return int(entry)
-            except OSError:
-                continue
-    return None
-
-
-def still_running(processes: dict[int, bytes]) -> dict[int, bytes]:
-    """Those of `processes` that still exist with the same command line (a reused pid does not count)."""
-    alive = {}
-    for pid, command in processes.items():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if cmdline.read() == command:
-                    alive[pid] = command
-        except OSError:
-            continue
-    return alive
-
-
-async def call_watched(
-    client: Client, code_for_port: Callable[[int], str]
-) -> tuple[dict[str, Any], list[str]]:
-    """Call the program `code_for_port(port)` while a TCP listener on 127.0.0.1:port records
-    every connection made to it: (the result, the connections)."""
-    connections: list[str] = []
-
-    async def note(stream: anyio.abc.SocketStream) -> None:
-        connections.append("connected")
-        await stream.aclose()
-
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with listener, anyio.create_task_group() as group:
-        group.start_soon(listener.serve, note)
-        result = await call(client, code_for_port(port))
-        group.cancel_scope.cancel()
-    return result, connections
-
-
-def server_env(**extra: str) -> dict[str, str]:
-    return {**os.environ, **TEST_ENV, **extra}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import call, server_params
+from tests.helpers import call, server_params
 
 pytestmark = pytest.mark.anyio
 

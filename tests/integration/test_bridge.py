@@ -13,7 +13,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import call, free_port, server_params
+from tests.helpers import call, free_port, server_params
 from tests.upstreams.calc_server import app as calc_app
 
 pytestmark = pytest.mark.anyio

@@ -18,7 +18,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import call, http_server, process_tree, server_params, still_running
+from tests.helpers import call, http_server, process_tree, server_params, still_running
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.integration.conftest import call, server_params
+from tests.helpers import call, server_params
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,7 @@ from mcp.types import EmbeddedResource, ImageContent
 
 from mcp_sandbox.packages import cached_pyodide_lock
 from mcp_sandbox.settings import Settings
-from tests.integration.conftest import call, needs_pyodide, server_params
+from tests.helpers import call, needs_pyodide, server_params
 from tests.wheels import build_wheel
 
 pytestmark = pytest.mark.anyio

@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import stdio_client
 
-from tests.integration.conftest import call, server_params
+from tests.helpers import call, server_params
 from tests.package_index import PackageIndex, closed_port_url, serve_index
 
 pytestmark = pytest.mark.anyio

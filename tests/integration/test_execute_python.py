@@ -11,7 +11,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.types import ResourceLink, TextResourceContents
 
-from tests.integration.conftest import (
+from tests.helpers import (
     TEST_ENV,
     call,
     call_watched,

@@ -17,7 +17,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import call, process_tree, server_params
+from tests.helpers import call, process_tree, server_params
 from tests.integration.test_checkpoints import checkpointed
 
 pytestmark = pytest.mark.anyio

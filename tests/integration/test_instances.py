@@ -20,7 +20,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import call, free_port, http_server, stop_process, wait_for_port
+from tests.helpers import call, free_port, http_server, stop_process, wait_for_port
 
 pytestmark = pytest.mark.anyio
 

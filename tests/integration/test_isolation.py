@@ -19,8 +19,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from mcp_sandbox import Sandbox
-from tests.conftest import missing_tier
-from tests.integration.conftest import TEST_ENV
+from tests.helpers import TEST_ENV, missing_tier
 from tests.integration.test_cli import ENTRY_POINT, check_line, cli_env
 
 REPO = Path(__file__).resolve().parents[2]

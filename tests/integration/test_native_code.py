@@ -13,7 +13,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import call, http_server
+from tests.helpers import call, http_server
 from tests.integration.test_checkpoints import CRASH, state_file
 from tests.native import MODULE, packages_folder_with_the_extension
 

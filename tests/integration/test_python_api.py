@@ -12,7 +12,7 @@ from mcp import Client
 
 from mcp_sandbox import ExecutionResult, Sandbox
 from mcp_sandbox.errors import InvalidRequest
-from tests.integration.conftest import server_params
+from tests.helpers import server_params
 
 
 @pytest.mark.parametrize("backend", ["pyodide", "subprocess", "inprocess"])

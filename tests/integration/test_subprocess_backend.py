@@ -13,7 +13,7 @@ import pytest
 from mcp import Client
 
 from mcp_sandbox.backends.subprocess.isolation import UNSHARE_ARGS
-from tests.integration.conftest import call, call_watched, server_params
+from tests.helpers import call, call_watched, server_params
 
 pytestmark = pytest.mark.anyio
 

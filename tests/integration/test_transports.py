@@ -14,7 +14,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.integration.conftest import call, http_server
+from tests.helpers import call, http_server
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,7 @@ import pytest
 from mcp import Client
 
 from mcp_sandbox import Sandbox
-from tests.integration.conftest import call, server_params
+from tests.helpers import call, server_params
 
 pytestmark = pytest.mark.anyio
 

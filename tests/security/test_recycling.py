@@ -18,7 +18,7 @@ import pytest
 from mcp import Client
 
 from mcp_sandbox.settings import Settings
-from tests.integration.conftest import server_params
+from tests.helpers import server_params
 from tests.native import MODULE, fetched_wheel, native_wheel
 from tests.security import test_red_team as red_team
 from tests.security.test_red_team import (

@@ -39,8 +39,7 @@ from mcp_sandbox.backends.subprocess.confine import landlock_abi
 from mcp_sandbox.backends.subprocess.isolation import python_readable_by_anyone
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import DirectoryStore, SavedState
-from tests.conftest import missing_tier
-from tests.integration.conftest import TEST_ENV, free_port, server_params
+from tests.helpers import TEST_ENV, free_port, missing_tier, server_params
 
 pytestmark = pytest.mark.anyio
 

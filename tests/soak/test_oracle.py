@@ -32,7 +32,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import free_port, process_tree, server_env, stop_process, wait_for_port
+from tests.helpers import free_port, process_tree, server_env, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.oracle]
 

@@ -16,7 +16,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import pid_with_environ, process_tree, server_params, still_running
+from tests.helpers import pid_with_environ, process_tree, server_params, still_running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.soak]
 

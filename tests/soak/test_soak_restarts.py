@@ -20,7 +20,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.integration.conftest import free_port, server_env, stop_process, wait_for_port
+from tests.helpers import free_port, server_env, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.soak]
 
