@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, CliSuppress, SettingsConfigDict
+from pydantic_settings import CLI_SUPPRESS, BaseSettings, CliSuppress, SettingsConfigDict
 
 from mcp_sandbox.protocol import OutputLimits
 
@@ -18,6 +18,7 @@ IsolationName = Literal["auto", "bubblewrap", "landlock", "none"]
 
 
 def default_cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/mcp-sandbox`, else `~/.cache/mcp-sandbox`"""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "mcp-sandbox"
 
@@ -147,14 +148,18 @@ class Settings(BaseSettings):
         description="subprocess, server run as root: the host uids workers run under, one each (FIRST-LAST), "
         "so process limits hold per worker.",
     )
-    cpu_seconds: int = Field(900, ge=1, description="subprocess: CPU seconds a worker may use in its life.")
-    max_open_files: int = Field(256, ge=16, description="subprocess: open files per worker.")
-    max_file_mb: int = Field(64, ge=1, description="subprocess: largest file a worker may write.")
+    cpu_seconds: int = Field(
+        900, ge=1, description="subprocess: CPU seconds a worker may use in its life (RLIMIT_CPU)."
+    )
+    max_open_files: int = Field(256, ge=16, description="subprocess: open files per worker (RLIMIT_NOFILE).")
+    max_file_mb: int = Field(
+        64, ge=1, description="subprocess: largest file a worker may write, in MB (RLIMIT_FSIZE)."
+    )
     max_processes: int = Field(
         32,
         ge=1,
-        description="subprocess: processes/threads a worker may add (as root, held by giving each worker "
-        "its own uid; see worker_uids).",
+        description="subprocess: processes/threads a worker may add (RLIMIT_NPROC; as root, held by giving "
+        "each worker its own uid; see worker_uids).",
     )
     deno_path: Path | None = Field(None, description="Deno binary to use; default: the `deno` package's.")
     cache_dir: Path = Field(
@@ -213,7 +218,9 @@ class Settings(BaseSettings):
     )
     bridge_call_timeout: float = Field(30.0, gt=0, description="Seconds one bridged tool call may take.")
     bridge_max_calls: int = Field(1000, ge=1, description="Bridged tool calls one execution may make.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Logs go to stderr at this level; stdout belongs to the stdio transport."
+    )
 
     @field_validator(
         "deno_path",
@@ -278,3 +285,46 @@ class Settings(BaseSettings):
     def clamp_timeout(self, requested: float | None) -> float:
         """The timeout a call really gets: the default when unset, never above the maximum."""
         return min(requested if requested is not None else self.timeout, self.max_timeout)
+
+
+#: docs/settings.md holds the table `settings_table` makes between these lines.
+TABLE_BEGIN = (
+    "<!-- settings table: generated from mcp_sandbox/settings.py by `python docs/settings_table.py` -->"
+)
+TABLE_END = "<!-- end of the settings table -->"
+
+
+def settings_table() -> str:
+    """Every setting as a Markdown table: variable, flag, default, what it does (docs/settings.md)."""
+    rows = ["| variable | flag | default | what it does |", "| --- | --- | --- | --- |"]
+    for name, field in Settings.model_fields.items():
+        flag = "none" if CLI_SUPPRESS in field.metadata else f"`--{name.replace('_', '-')}`"
+        if field.default_factory is not None:
+            default = (field.default_factory.__doc__ or "computed").strip()
+        elif field.default is None:
+            default = "unset"
+        elif isinstance(field.default, bool):
+            default = f"`{str(field.default).lower()}`"
+        elif isinstance(field.default, float) and field.default.is_integer():
+            default = f"`{int(field.default)}`"
+        else:
+            default = f"`{field.default}`"
+        text = (field.description or "").replace("|", "\\|").replace("<", "\\<")
+        choices = (
+            [str(choice) for choice in get_args(field.annotation)]
+            if get_origin(field.annotation) is Literal
+            else []
+        )
+        if choices:
+            text += f" One of {', '.join(f'`{choice}`' for choice in choices)}."
+        rows.append(f"| `MCP_SANDBOX_{name.upper()}` | {flag} | {default} | {text} |")
+    return "\n".join(rows) + "\n"
+
+
+def with_settings_table(document: str) -> str:
+    """`document` with the text between TABLE_BEGIN and TABLE_END replaced by the current table."""
+    head, begin, rest = document.partition(TABLE_BEGIN)
+    _, end, tail = rest.partition(TABLE_END)
+    if not begin or not end:
+        raise ValueError(f"the document lacks the lines {TABLE_BEGIN} and {TABLE_END}")
+    return f"{head}{TABLE_BEGIN}\n{settings_table()}{TABLE_END}{tail}"
