@@ -20,7 +20,14 @@ const WORDS_PER_PAGE = PAGE / 4;
 const MAX_CLEAN_DRIFT_PAGES = 64;
 const MAX_HEADER_BYTES = 64 * 1024 * 1024;
 
-type FileEntry = { path: string; kind: "file" | "dir" | "link"; mode: number; mtime: number; size: number; target?: string };
+type FileEntry = {
+  path: string;
+  kind: "file" | "dir" | "link";
+  mode: number;
+  mtime: number;
+  size: number;
+  target?: string;
+};
 
 type Header = {
   // The clean point it was taken against: a sandbox with another one cannot restore it.
@@ -186,7 +193,10 @@ function insideSkipped(clean: CleanState, path: string): boolean {
 function whatIsLost(clean: CleanState): string[] {
   const FS = clean.module.FS;
   const lost: string[] = [];
-  const open = FS.streams.flatMap((stream, fd) => (stream && !clean.streams.has(fd) ? [(stream as { path?: string }).path ?? `fd ${fd}`] : []));
+  const opened = (stream: unknown, fd: number) => stream && !clean.streams.has(fd);
+  const open = FS.streams.flatMap((stream, fd) =>
+    opened(stream, fd) ? [(stream as { path?: string }).path ?? `fd ${fd}`] : []
+  );
   if (open.length) lost.push(`open files are closed in a restored session (${open.slice(0, 5).join(", ")})`);
   return lost;
 }
@@ -229,8 +239,13 @@ export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): Ch
   return { saved: true, blob, lost: whatIsLost(clean) };
 }
 
-function parse(blob: Uint8Array, clean: CleanState): { header: Header; hashes: Int32Array; pagesAt: number; filesAt: number } | string {
-  if (blob.length < MAGIC.length + 4 || decoder.decode(blob.subarray(0, MAGIC.length)) !== MAGIC) return "it is not a checkpoint";
+function parse(
+  blob: Uint8Array,
+  clean: CleanState,
+): { header: Header; hashes: Int32Array; pagesAt: number; filesAt: number } | string {
+  if (blob.length < MAGIC.length + 4 || decoder.decode(blob.subarray(0, MAGIC.length)) !== MAGIC) {
+    return "it is not a checkpoint";
+  }
   const headLength = new DataView(blob.buffer, blob.byteOffset).getUint32(MAGIC.length, true);
   if (headLength > MAX_HEADER_BYTES || MAGIC.length + 4 + headLength > blob.length) return "its header is cut short";
   let header: Header;
@@ -244,18 +259,27 @@ function parse(blob: Uint8Array, clean: CleanState): { header: Header; hashes: I
   if (JSON.stringify(header.clean) !== JSON.stringify(fingerprint(clean))) {
     return "it was taken in a sandbox that started differently (another build or other settings)";
   }
-  if (!Number.isInteger(header.table) || header.table < clean.table.length || header.table > 1 << 24) return "its table size is invalid";
+  if (!Number.isInteger(header.table) || header.table < clean.table.length || header.table > 1 << 24) {
+    return "its table size is invalid";
+  }
   const pageCount = header.memory / PAGE;
-  if (!Number.isInteger(pageCount) || header.memory < clean.memory.length || header.memory > 2 ** 32) return "its memory size is invalid";
+  if (!Number.isInteger(pageCount) || header.memory < clean.memory.length || header.memory > 2 ** 32) {
+    return "its memory size is invalid";
+  }
   let previous = -1;
   for (const page of header.pages) {
     if (!Number.isInteger(page) || page <= previous || page >= pageCount) return "its page list is invalid";
     previous = page;
   }
   for (const entry of header.files) {
-    if (typeof entry.path !== "string" || !entry.path.startsWith("/") || entry.path.split("/").includes("..")) return "a file path is invalid";
-    if (entry.path === clean.dataDir || entry.path.startsWith(`${clean.dataDir}/`) || insideSkipped(clean, entry.path)) return "a file path is invalid";
-    if (!["file", "dir", "link"].includes(entry.kind) || !Number.isInteger(entry.size) || entry.size < 0) return "a file entry is invalid";
+    if (typeof entry.path !== "string" || !entry.path.startsWith("/") || entry.path.split("/").includes("..")) {
+      return "a file path is invalid";
+    }
+    const inData = entry.path === clean.dataDir || entry.path.startsWith(`${clean.dataDir}/`);
+    if (inData || insideSkipped(clean, entry.path)) return "a file path is invalid";
+    if (!["file", "dir", "link"].includes(entry.kind) || !Number.isInteger(entry.size) || entry.size < 0) {
+      return "a file entry is invalid";
+    }
   }
   if (!validLinker(header.linker, header.memory)) return "its native library list is invalid";
   const filesAt = pagesAt + header.pages.length * PAGE;
@@ -266,7 +290,8 @@ function parse(blob: Uint8Array, clean: CleanState): { header: Header; hashes: I
 }
 
 function validLinker(linker: LinkerRecord, memory: number): boolean {
-  const whole = (value: unknown, below: number) => Number.isInteger(value) && (value as number) >= 0 && (value as number) < below;
+  const whole = (value: unknown, below: number) =>
+    Number.isInteger(value) && (value as number) >= 0 && (value as number) < below;
   return typeof linker === "object" && linker !== null && Array.isArray(linker.libraries) &&
     Array.isArray(linker.allocations) && Array.isArray(linker.got) && whole(linker.table, 1 << 24) &&
     linker.libraries.every((library) =>
@@ -290,7 +315,9 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
   const stored = new Set(header.pages);
   let drift = 0;
   for (let page = 0; page < own.length; page++) if (own[page] !== hashes[page] && !stored.has(page)) drift++;
-  if (drift > MAX_CLEAN_DRIFT_PAGES) return `the checkpoint was taken in a sandbox whose clean memory differs in ${drift} pages`;
+  if (drift > MAX_CLEAN_DRIFT_PAGES) {
+    return `the checkpoint was taken in a sandbox whose clean memory differs in ${drift} pages`;
+  }
   const module = clean.module;
   // Interned values are found by index: this sandbox must hold the same ones at the same places.
   const immortals = Array.isArray(header.immortals) ? header.immortals : [];

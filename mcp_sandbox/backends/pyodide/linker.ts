@@ -170,7 +170,9 @@ export class LinkerClean {
       replaying = null;
     }
     if (module.wasmTable.length < record.table) module.wasmTable.grow(record.table - module.wasmTable.length);
-    if (module.wasmTable.length !== record.table) return "the function table did not come back to the checkpoint's length";
+    if (module.wasmTable.length !== record.table) {
+      return "the function table did not come back to the checkpoint's length";
+    }
     const got = new Map(this.gotChanges());
     for (const [name, value] of record.got) {
       if (got.get(name) !== value) return `the native symbol ${name} did not link where it was`;
@@ -182,9 +184,13 @@ export class LinkerClean {
   // or why this sandbox is not fit to recycle.
   reset(): string | null {
     const module = this.module;
-    if (module.wasmTable.length - this.table > MAX_TABLE_GROWTH) return "its native libraries took too many table slots";
+    if (module.wasmTable.length - this.table > MAX_TABLE_GROWTH) {
+      return "its native libraries took too many table slots";
+    }
     const ldso = module.LDSO;
-    for (const name of Object.keys(ldso.loadedLibsByName)) if (!this.names.has(name)) delete ldso.loadedLibsByName[name];
+    for (const name of Object.keys(ldso.loadedLibsByName)) {
+      if (!this.names.has(name)) delete ldso.loadedLibsByName[name];
+    }
     for (const handle of Object.keys(ldso.loadedLibsByHandle)) {
       if (!this.handles.has(handle)) delete ldso.loadedLibsByHandle[handle];
     }

@@ -17,7 +17,7 @@ export const GUEST_RUNTIME_MODULE = "mcp_sandbox.backends.guest";
 export const OUTPUT_DIR = "output";
 export const DATA_DIR = "data";
 export const PASSING_KINDS = ["progress", "tool_call", "describe", "ready", "fatal"] as const;
-export const REPLY_INTERRUPTED = "{\"ok\": false, \"interrupted\": true}";
+export const REPLY_INTERRUPTED = '{"ok": false, "interrupted": true}';
 
 export type OutputLimits = {
   max_files: number;

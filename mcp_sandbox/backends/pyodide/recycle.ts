@@ -106,11 +106,11 @@ export function guardRealm(fixedLater: string[]): void {
     return id;
   });
   const global = globalThis as unknown as Record<PropertyKey, unknown>;
-  for (const name of ["FinalizationRegistry", "WebSocket", "WebSocketStream", "BroadcastChannel", "MessageChannel", "Worker", "EventSource", "fetch"]) {
-    flagUse(global, name, `it used ${name}`);
-  }
+  const channels = ["WebSocket", "WebSocketStream", "BroadcastChannel", "MessageChannel", "EventSource"];
+  for (const name of ["FinalizationRegistry", "Worker", "fetch", ...channels]) flagUse(global, name, `it used ${name}`);
   flagUse(Atomics as unknown as Record<PropertyKey, unknown>, "waitAsync", "it used Atomics.waitAsync");
-  flagUse(EventTarget.prototype as unknown as Record<PropertyKey, unknown>, "addEventListener", "it added an event listener");
+  const events = EventTarget.prototype as unknown as Record<PropertyKey, unknown>;
+  flagUse(events, "addEventListener", "it added an event listener");
   // Every Deno call that may finish later (file reads, timers of its own) counts.
   const deno = Deno as unknown as Record<PropertyKey, unknown>;
   for (const name of Object.keys(deno)) {
@@ -177,7 +177,11 @@ function walk(roots: unknown[]): Map<object, Shape> {
 function describeKey(object: object, key: PropertyKey): string {
   let owner = "an object";
   try {
-    owner = object === globalThis ? "globalThis" : typeof object === "function" ? (object as { name?: string }).name || "a function" : object.constructor?.name ?? "an object";
+    owner = object === globalThis
+      ? "globalThis"
+      : typeof object === "function"
+      ? (object as { name?: string }).name || "a function"
+      : object.constructor?.name ?? "an object";
   } catch { /* a proxy that refuses */ }
   return `${owner}.${String(key)}`;
 }
@@ -203,7 +207,9 @@ function realmChange(clean: Map<object, Shape>): string | null {
       const d = Reflect.getOwnPropertyDescriptor(object, key);
       if (!before || !d) return `a property was replaced (${describeKey(object, key)})`;
       const now = [d.value, d.get, d.set, d.writable, d.configurable, d.enumerable];
-      if (now.some((part, i) => !Object.is(part, before[i]))) return `a property was changed (${describeKey(object, key)})`;
+      if (now.some((part, i) => !Object.is(part, before[i]))) {
+        return `a property was changed (${describeKey(object, key)})`;
+      }
     }
   }
   return null;
@@ -402,7 +408,9 @@ export class CleanState {
         if (path === this.dataDir) continue; // restoreData's
         const node = now.get(path)?.node;
         if (node !== record.node) return `a file it did not make was replaced (${path})`;
-        if (node.ctime !== record.ctime && !FS.isDir(record.mode)) return `a file it did not make was changed (${path})`;
+        if (node.ctime !== record.ctime && !FS.isDir(record.mode)) {
+          return `a file it did not make was changed (${path})`;
+        }
         Object.assign(node, { mode: record.mode, ctime: record.ctime, mtime: record.mtime, atime: record.atime });
       }
       FS.chdir(this.cwd);

@@ -7,8 +7,8 @@
 import {
   type CheckpointedMessage,
   type ControlAnswer,
-  type CrashedMessage,
   type ControlRequest,
+  type CrashedMessage,
   EXIT_SANDBOX_GONE,
   type HostMessage,
   type InitMessage,

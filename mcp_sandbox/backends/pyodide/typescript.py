@@ -123,7 +123,11 @@ def _literal(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return json.dumps(value)
+        quoted = json.dumps(value)
+        # deno fmt's choice: double quotes unless single ones need fewer escapes.
+        if value.count('"') > value.count("'"):
+            return "'" + quoted[1:-1].replace('\\"', '"').replace("'", "\\'") + "'"
+        return quoted
     return str(value)
 
 
