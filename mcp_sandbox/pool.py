@@ -64,6 +64,11 @@ class ReadyPool:
         self._backoff = Backoff()
         self._closed = False
 
+    @property
+    def ready(self) -> tuple[Executor, ...]:
+        """The sandboxes ready to be handed out, first in line first."""
+        return tuple(self._ready)
+
     def fill(self) -> None:
         """Start as many sandboxes as it takes to have `size` ready plus one per waiter."""
         if self._closed:

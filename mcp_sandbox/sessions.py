@@ -16,6 +16,7 @@ import anyio.abc
 
 from mcp_sandbox.backends.base import Backend, Executor, SandboxStartError
 from mcp_sandbox.errors import SessionElsewhere, SessionLimitReached
+from mcp_sandbox.lifecycle import Timings
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
@@ -31,29 +32,18 @@ from mcp_sandbox.store import (
 
 logger = logging.getLogger(__name__)
 
-#: How often idle sessions are looked for, at most.
-SWEEP_INTERVAL = 5.0
-#: Seconds between progress reports of a running call.
-PROGRESS_INTERVAL = 1.0
-#: A session is checkpointed once it has been idle this long: calls sent back to back never
-#: wait behind one, and a busy session is not checkpointed between every two calls (an agent's
-#: turn between calls takes longer).
-CHECKPOINT_QUIET = 2.0
-#: A server that stops checkpoints the sessions that ran since their last checkpoint, for at most
-#: this long in all (a stop is the first half of a restart or of a move to another instance).
-CLOSING_SAVE_S = 10.0
-
 #: Receives (seconds elapsed, latest line of output) while a call runs.
 ProgressReport = Callable[[float, str | None], Awaitable[None]]
 
 
 class ProgressRelay:
-    """Reports a running call's progress every PROGRESS_INTERVAL seconds, with the latest line
-    its program printed (pushed by the executor), so a client waiting on a long computation
-    hears that it runs, and what it last said, at a steady pace."""
+    """Reports a running call's progress every `interval` seconds, with the latest line its
+    program printed (pushed by the executor), so a client waiting on a long computation hears
+    that it runs, and what it last said, at a steady pace."""
 
-    def __init__(self, report: ProgressReport) -> None:
+    def __init__(self, report: ProgressReport, interval: float) -> None:
         self._report = report
+        self._interval = interval
         self._line: str | None = None
 
     def push(self, line: str) -> None:
@@ -62,7 +52,7 @@ class ProgressRelay:
     async def report_until_cancelled(self) -> None:
         started = time.monotonic()
         while True:
-            await anyio.sleep(PROGRESS_INTERVAL)
+            await anyio.sleep(self._interval)
             try:
                 await self._report(time.monotonic() - started, self._line)
             except Exception as error:  # noqa: BLE001 - a client that cannot take progress still gets its result
@@ -191,7 +181,10 @@ class SessionPool:
     sandbox is killed comes back from its last checkpoint in a new sandbox.
     """
 
-    def __init__(self, settings: Settings, store: DirectoryStore | None = None) -> None:
+    def __init__(
+        self, settings: Settings, store: DirectoryStore | None = None, timings: Timings | None = None
+    ) -> None:
+        self._timings = timings or Timings()
         self._pool: ReadyPool | None = None
         self._backend: Backend | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -228,6 +221,11 @@ class SessionPool:
     def has(self, session_id: str) -> bool:
         """Whether the session is open here (live or hibernated)."""
         return session_id in self._sessions
+
+    def state(self, session_id: str) -> SessionState | None:
+        """The session's state (None: not open here)."""
+        session = self._sessions.get(session_id)
+        return session.state if session is not None else None
 
     def saved_call(self, session_id: str) -> int:
         """The call whose state the session's last checkpoint holds (0: none yet)."""
@@ -530,7 +528,7 @@ class SessionPool:
 
     async def _checkpoint(self, session: Session, call: int) -> None:
         """Save the session's state after `call`, unless another call came first (which will)."""
-        await anyio.sleep(CHECKPOINT_QUIET)
+        await anyio.sleep(self._timings.checkpoint_quiet)
         if (
             session.lock.locked()
             or session.calls != call
@@ -634,7 +632,7 @@ class SessionPool:
         if not after or not self._checkpoints_on():
             return
         while True:
-            await anyio.sleep(min(SWEEP_INTERVAL, after / 2))
+            await anyio.sleep(min(self._timings.sweep_interval, after / 2))
             deadline = time.monotonic() - after
             for session in list(self._sessions.values()):
                 if session.live and session.last_used < deadline:
@@ -645,7 +643,7 @@ class SessionPool:
     ) -> ExecutionResult:
         if progress is None:
             return await executor.run(code, timeout)
-        relay = self._relays[executor] = ProgressRelay(progress)
+        relay = self._relays[executor] = ProgressRelay(progress, self._timings.progress_interval)
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(relay.report_until_cancelled)
@@ -694,7 +692,7 @@ class SessionPool:
         """Close sessions idle for longer than the TTL, forever (run it in a task), and delete
         saved states nobody has used for as long (sessions of a server that stopped)."""
         while True:
-            await anyio.sleep(min(SWEEP_INTERVAL, self._settings.session_ttl / 2))
+            await anyio.sleep(min(self._timings.sweep_interval, self._settings.session_ttl / 2))
             if self._store is not None:
                 ttl, ours = self._settings.session_ttl, set(self._sessions)
                 await anyio.to_thread.run_sync(self._store.delete_older_than, ttl, ours)
@@ -708,7 +706,7 @@ class SessionPool:
 
     async def close(self) -> None:
         if self._checkpoints_on():
-            with anyio.move_on_after(CLOSING_SAVE_S):
+            with anyio.move_on_after(self._timings.closing_save):
                 for session in list(self._sessions.values()):
                     async with session.lock:  # a checkpoint being taken is waited for, not skipped
                         if session.live and session.calls != session.saved_call:

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
+from mcp_sandbox.lifecycle import Timings
 from mcp_sandbox.server import SESSION_HEADER_TOKEN
-from mcp_sandbox.sessions import CLOSING_SAVE_S
 from mcp_sandbox.settings import Settings
 from tests.integration.test_instances import NGINX_CONFIG
 
@@ -49,5 +49,5 @@ def test_the_deployment_shares_state_and_serves_stateless_http() -> None:
     assert of_kind("PersistentVolumeClaim")["metadata"]["name"] == claim
     assert of_kind("PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteMany"]
     # A stopping pod checkpoints its sessions first: the grace period must leave it the time.
-    assert pod["terminationGracePeriodSeconds"] > CLOSING_SAVE_S
+    assert pod["terminationGracePeriodSeconds"] > Timings().closing_save
     assert container["command"] == ["mcp-sandbox"] and "--transport" in container["args"]

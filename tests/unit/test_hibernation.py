@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 import anyio
 import pytest
 
-from mcp_sandbox import sessions as sessions_module
 from mcp_sandbox.backends.base import Checkpoint, Executor
+from mcp_sandbox.lifecycle import Timings
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.protocol import GuestOutcome
-from mcp_sandbox.sessions import SessionPool
+from mcp_sandbox.sessions import SessionPool, SessionState
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import DirectoryStore
 from tests.unit.fakes import FakeExecutor, outcome
@@ -60,6 +60,10 @@ async def start() -> Executor:
     return StatefulExecutor()
 
 
+#: A checkpoint soon after a call, idle sessions looked for often.
+QUICK = Timings(sweep_interval=0.05, checkpoint_quiet=0.01)
+
+
 @asynccontextmanager
 async def pool_of_sessions(
     tmp_path: Path,
@@ -67,6 +71,7 @@ async def pool_of_sessions(
     start: Callable[[], Awaitable[Executor]] = start,
     store: bool = True,
     killed: bool = False,
+    timings: Timings = QUICK,
     **overrides: Any,
 ) -> AsyncIterator[SessionPool]:
     """A SessionPool as a server has it, on the store in `tmp_path`/state (a restart: a second one
@@ -76,7 +81,7 @@ async def pool_of_sessions(
     on = DirectoryStore(tmp_path / "state", max_session_bytes=2**20, max_total_bytes=2**24) if store else None
     async with anyio.create_task_group() as group:
         pool = ReadyPool(start, size=1, task_group=group, acquire_timeout=2)
-        sessions = SessionPool(settings, on)
+        sessions = SessionPool(settings, on, timings)
         sessions.attach(pool, FakeBackend(), group)  # type: ignore[arg-type]
         yield sessions
         if not killed:
@@ -85,14 +90,8 @@ async def pool_of_sessions(
         group.cancel_scope.cancel()
 
 
-@pytest.fixture(autouse=True)
-def quick(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sessions_module, "CHECKPOINT_QUIET", 0.01)
-    monkeypatch.setattr(sessions_module, "SWEEP_INTERVAL", 0.05)
-
-
 def live(sessions: SessionPool) -> set[str]:
-    return {name for name, session in sessions._sessions.items() if session.live}
+    return {name for name in "abc" if sessions.state(name) is SessionState.LIVE}
 
 
 async def test_the_least_recently_used_session_is_hibernated_and_comes_back_whole(tmp_path: Path) -> None:

@@ -25,10 +25,10 @@ async def test_pool_fills_to_its_size() -> None:
         pool = ReadyPool(quick_start, size=3, task_group=group, acquire_timeout=1)
         pool.fill()
         await anyio.sleep(0.1)
-        assert len(pool._ready) == 3
+        assert len(pool.ready) == 3
         await pool.acquire()
         await anyio.sleep(0.1)
-        assert len(pool._ready) == 3, "the pool refills after a hand-out"
+        assert len(pool.ready) == 3, "the pool refills after a hand-out"
         await pool.close()
 
 
@@ -45,9 +45,9 @@ async def test_a_sandbox_that_is_not_reusable_is_closed_not_recycled() -> None:
         for executor in (kept, spent):
             await pool.release(executor)
         with anyio.fail_after(5):
-            while kept not in pool._ready:
+            while kept not in pool.ready:
                 await anyio.sleep(0.01)
-        assert spent.closed and not kept.closed and spent not in pool._ready
+        assert spent.closed and not kept.closed and spent not in pool.ready
         await pool.close()
 
 
@@ -158,7 +158,7 @@ async def test_session_limit_and_expiry() -> None:
             await sessions.run("1", timeout=1, session_id="c")
         group.start_soon(sessions.expire_idle)
         with anyio.fail_after(3):
-            while sessions._sessions:
+            while sessions.has("a") or sessions.has("b"):
                 await anyio.sleep(0.05)
         await sessions.run("1", timeout=1, session_id="c")
         await sessions.close()

@@ -5,17 +5,17 @@ programs they ran (the real servers: tests/integration/test_checkpoints.py, test
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from mcp_sandbox import sessions as sessions_module
 from mcp_sandbox.backends.base import Executor, SandboxDied
 from mcp_sandbox.sessions import Resumed, SessionPool, SessionState, account
 from mcp_sandbox.store import SavedState
-from tests.unit.test_hibernation import StatefulExecutor, pool_of_sessions
+from tests.unit.test_hibernation import QUICK, StatefulExecutor, pool_of_sessions
 
 pytestmark = pytest.mark.anyio
 
@@ -126,11 +126,6 @@ def server(
     )
 
 
-@pytest.fixture(autouse=True)
-def quick(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sessions_module, "CHECKPOINT_QUIET", 0.01)
-
-
 async def settled(sessions: SessionPool, session_id: str, call: int) -> None:
     with anyio.fail_after(5):
         while sessions.saved_call(session_id) != call:
@@ -236,22 +231,21 @@ async def test_a_stop_whose_closing_checkpoint_runs_out_of_time_is_said_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(StatefulExecutor, "checkpoint_seconds", 0.5)
-    monkeypatch.setattr(sessions_module, "CLOSING_SAVE_S", 0.05)
     sandboxes = Sandboxes()
-    async with server(tmp_path, sandboxes) as first:  # stops cleanly: its leases are given up
+    async with server(
+        tmp_path, sandboxes, timings=replace(QUICK, closing_save=0.05)
+    ) as first:  # stops cleanly: its leases are given up
         await first.run("a1", timeout=1, session_id="a")
     async with server(tmp_path, sandboxes) as second:
         after = await second.run("a2", timeout=1, session_id="a")
         assert after.session_lost and after.result == '["a2"]', after
 
 
-async def test_the_record_is_written_once_per_checkpoint_not_once_per_call(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sessions_module, "CHECKPOINT_QUIET", 60)  # no checkpoint comes between the calls
+async def test_the_record_is_written_once_per_checkpoint_not_once_per_call(tmp_path: Path) -> None:
     sandboxes = Sandboxes()
     records = tmp_path / "state" / "records"
-    async with server(tmp_path, sandboxes, killed=True) as first:
+    no_checkpoint_between_calls = replace(QUICK, checkpoint_quiet=60)
+    async with server(tmp_path, sandboxes, killed=True, timings=no_checkpoint_between_calls) as first:
         await first.run("a1", timeout=1, session_id="a")
         (record,) = records.glob("*.record")
         written = record.stat().st_mtime_ns
