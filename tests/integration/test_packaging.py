@@ -38,6 +38,7 @@ def test_wheel_contains_the_runner(wheel: Path) -> None:
         "options.ts",
         "snapshot.ts",
         "deno.json",
+        "deno.lock",
     ):
         assert f"mcp_sandbox/backends/pyodide/{name}" in names
     assert "mcp_sandbox/backends/guest.py" in names and "mcp_sandbox/protocol.py" in names
