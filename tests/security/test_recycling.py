@@ -20,20 +20,8 @@ from mcp import Client
 from mcp_sandbox.settings import Settings
 from tests.helpers import server_params
 from tests.native import MODULE, fetched_wheel, native_wheel
-from tests.security import test_red_team as red_team
-from tests.security.test_red_team import (
-    ATTACKS,
-    BLOCKED,
-    Attack,
-    NotSeenElsewhere,
-    Reply,
-    World,
-    attack_host,
-    send,
-)
-
-#: The red team's fixture: the same data folder and host files.
-world = red_team.world
+from tests.security.harness import BLOCKED, Attack, NotSeenElsewhere, Reply, World, attack_host, send
+from tests.security.test_tables import ATTACKS
 
 #: Printed first by every program here: which Deno process, so which sandbox, ran it.
 WHICH_SANDBOX = "import js as _rt_js\nprint(_rt_js.performance.timeOrigin, flush=True)\n"
