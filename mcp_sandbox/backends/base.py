@@ -127,6 +127,14 @@ DELIVER_LIMIT = 2.0
 
 
 @dataclass(frozen=True)
+class NotDone:
+    """Why a between-run operation (recycle, checkpoint, restore) did not happen, in words for
+    the caller: what they can do about it."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """A sandbox's state as its backend saved it: opaque to the host (a memory image, or a
     pickle only a sandbox unpickles), and what a restore of it will not bring back."""

@@ -12,7 +12,7 @@ import signal
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar, overload
 
 import anyio
 import anyio.abc
@@ -22,9 +22,11 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from mcp_sandbox import protocol
 from mcp_sandbox.backends.base import (
+    Checkpoint,
     Executor,
     ExecutorHooks,
     ExecutorLimits,
+    NotDone,
     SandboxDied,
     SandboxStartError,
 )
@@ -32,11 +34,22 @@ from mcp_sandbox.protocol import GuestOutcome, RunnerMessage, reply_error
 
 logger = logging.getLogger(__name__)
 
+
+
+def _guest_source(name: str) -> str:
+    """The source of guest module `name` (mcp_sandbox.x.y), read from this installed package."""
+    path = Path(protocol.__file__).parent.joinpath(*name.split(".")[1:])
+    return (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text(encoding="utf-8")
+
+
 #: What a runner loads before anything else, in order: the protocol, then the guest runtime.
 GUEST_MODULES: list[tuple[str, str]] = [
-    ("mcp_sandbox.protocol", Path(protocol.__file__).read_text(encoding="utf-8")),
-    (protocol.GUEST_RUNTIME_MODULE, Path(__file__).with_name("guest.py").read_text(encoding="utf-8")),
+    (name, _guest_source(name)) for name in ("mcp_sandbox.protocol", *protocol.GUEST_MODULES)
 ]
+#: The requests a sandbox answers between runs, and the type of each one's answer.
+BetweenRuns = protocol.RecycleMessage | protocol.CheckpointMessage | protocol.RestoreMessage
+BetweenRunsAnswer = protocol.RecycledMessage | protocol.CheckpointedMessage | protocol.RestoredMessage
+ANSWERS = {"recycle": "recycled", "checkpoint": "checkpointed", "restore": "restored"}
 STDERR_TAIL_BYTES = 4096
 MB = 1024 * 1024
 #: Seconds between two looks at a sandbox's resident memory.
@@ -127,6 +140,9 @@ def is_running(pid: int) -> bool:
 class ProcessExecutor(Executor):
     """A sandbox that is a child process speaking the runner protocol (protocol.py) on its
     stdin and stdout. Subclasses name the backend and may interrupt differently."""
+
+    #: Seconds a checkpoint or a restore may take before the sandbox counts as not answering.
+    checkpoint_timeout: ClassVar[float] = 20.0
 
     def __init__(
         self,
@@ -248,31 +264,101 @@ class ProcessExecutor(Executor):
                 )
             # Anything else is stale or forged by the sandbox itself: it only concerns this run.
 
+    @overload
     async def _between_runs(
-        self, request: dict[str, str], answer: str, timeout: float
-    ) -> dict[str, Any] | str:
-        """Send a request between runs (recycle, checkpoint, restore) and wait for its answer:
-        the message, or why there is none."""
+        self, request: protocol.RecycleMessage, timeout: float
+    ) -> protocol.RecycledMessage | NotDone: ...
+    @overload
+    async def _between_runs(
+        self, request: protocol.CheckpointMessage, timeout: float
+    ) -> protocol.CheckpointedMessage | NotDone: ...
+    @overload
+    async def _between_runs(
+        self, request: protocol.RestoreMessage, timeout: float
+    ) -> protocol.RestoredMessage | NotDone: ...
+    async def _between_runs(self, request: BetweenRuns, timeout: float) -> BetweenRunsAnswer | NotDone:
+        """Send a request between runs and wait for its answer (the message of type
+        `ANSWERS[request type]`), or say why there is none. Its `id` is set here."""
         if not self.alive:
-            return "the sandbox is not alive"
+            return NotDone("the sandbox is not alive")
         try:
             await self._renewed()
         except SandboxDied as error:
-            return f"the sandbox died: {error}"
+            return NotDone(f"the sandbox died: {error}")
         self._drain_stale_messages()
         self._run_id += 1
+        request["id"] = self._run_id
+        answer = ANSWERS[request["type"]]
         try:
-            await self._send({**request, "id": self._run_id})  # type: ignore[arg-type]
+            await self._send(request)
             with anyio.fail_after(timeout):
                 while True:
                     message = await self._next_message()
-                    if not isinstance(message, Malformed) and message["type"] == answer:
-                        if message.get("id") == self._run_id:
-                            return dict(message)
+                    if isinstance(message, Malformed) or message["type"] != answer:
+                        continue
+                    if message["id"] == self._run_id:  # type: ignore[typeddict-item]
+                        return message  # type: ignore[return-value]
         except SandboxDied as error:
-            return f"the sandbox died: {error}"
+            return NotDone(f"the sandbox died: {error}")
         except TimeoutError:
-            return f"the sandbox did not answer within {timeout:g} s"
+            return NotDone(f"the sandbox did not answer within {timeout:g} s")
+
+    async def checkpoint(self) -> Checkpoint | str:
+        name = f"checkpoint-{self._run_id + 1}"
+        try:
+            message = await self._between_runs(
+                {"type": "checkpoint", "id": 0, "file": name}, self.checkpoint_timeout
+            )
+            if isinstance(message, NotDone):
+                return message.reason
+            if not message["saved"]:
+                return message["reason"] or "the sandbox did not say why"
+            limit = self.limits.max_state_bytes
+            try:
+                payload = await self._read_checkpoint(name, limit)
+            except OSError as error:
+                return f"the checkpoint file could not be read: {error}"
+            if len(payload) > limit:
+                return f"the session's state is over {limit // MB} MB (MCP_SANDBOX_MAX_STATE_MB)"
+        finally:
+            await self._remove_checkpoint(name)
+        logger.debug(
+            "%s sandbox %d checkpointed %d bytes in %.1f ms",
+            self.backend,
+            self.pid,
+            len(payload),
+            message["ms"],
+        )
+        return Checkpoint(payload, tuple(message["lost"]))
+
+    async def restore(self, state: bytes) -> str | None:
+        name = f"restore-{self._run_id + 1}"
+        try:
+            await self._hand_in_checkpoint(name, state)
+        except OSError as error:
+            return f"the checkpoint could not be handed to the sandbox: {error}"
+        message = await self._between_runs(
+            {"type": "restore", "id": 0, "file": name}, self.checkpoint_timeout
+        )
+        if isinstance(message, NotDone):
+            return message.reason
+        if not message["restored"]:
+            return message["reason"] or "the sandbox did not say why"
+        logger.debug("%s sandbox %d restored in %.1f ms", self.backend, self.pid, message["ms"])
+        self._tools_version = -1  # the guest's `tools` are rebuilt from the catalog
+        return None
+
+    async def _read_checkpoint(self, name: str, limit: int) -> bytes:
+        """The checkpoint file `name` the sandbox wrote, read to at most `limit` + 1 bytes (more
+        is over the limit). Raises OSError."""
+        raise OSError(f"{self.backend} sandboxes do not write checkpoints")
+
+    async def _remove_checkpoint(self, name: str) -> None:
+        """Delete the checkpoint file `name`, if it is there."""
+
+    async def _hand_in_checkpoint(self, name: str, state: bytes) -> None:
+        """Write a checkpoint where the sandbox's `restore` reads it, as file `name`. Raises OSError."""
+        raise OSError(f"{self.backend} sandboxes do not restore checkpoints")
 
     def _drain_stale_messages(self) -> None:
         """Drop what arrived between runs: a program may leave a timer that forges messages."""

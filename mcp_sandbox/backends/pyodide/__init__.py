@@ -24,9 +24,10 @@ import anyio.abc
 
 from mcp_sandbox.backends.base import (
     Backend,
-    Checkpoint,
     Executor,
     ExecutorHooks,
+    ExecutorLimits,
+    NotDone,
     SandboxDied,
     SandboxStartError,
 )
@@ -332,12 +333,17 @@ class PyodideBackend(Backend):
             folders["allow_net"] = settings.allow_net
         if self._snapshot is not None:
             folders["snapshot"] = str(self._snapshot)
-        folders["checkpoint_dir"] = str(checkpoint_dir)
         preload = {"preload": self.preload} if self.preload else {}
-        memory = {"memory_max_bytes": settings.memory_mb * MB}
-        executor = PyodideExecutor(process, self._limits, self._hooks, **folders, **preload, **memory)
-        executor.checkpoint_dir = checkpoint_dir
-        executor.jit_warm_up_rounds = settings.pyodide_warm_up_rounds
+        executor = PyodideExecutor(
+            process,
+            self._limits,
+            self._hooks,
+            checkpoint_dir=checkpoint_dir,
+            jit_warm_up_rounds=settings.pyodide_warm_up_rounds,
+            memory_max_bytes=settings.memory_mb * MB,
+            **folders,
+            **preload,
+        )
         return await start_process_executor(
             executor,
             self._task_group,
@@ -377,10 +383,25 @@ def watchdog_limit(memory_mb: int) -> int:
 
 class PyodideExecutor(ProcessExecutor):
     backend: ClassVar[str] = "pyodide"
-    #: Rounds of the guest's JIT warm-up program to run when idle (0: none); set by the backend.
-    jit_warm_up_rounds = 0
-    _jit_warm_up_sent = False
+    checkpoint_timeout: ClassVar[float] = CHECKPOINT_TIMEOUT
     can_kill = True
+
+    def __init__(
+        self,
+        process: anyio.abc.Process,
+        limits: ExecutorLimits,
+        hooks: ExecutorHooks,
+        *,
+        checkpoint_dir: Path,
+        jit_warm_up_rounds: int,
+        **init_fields: str | list[str] | int,
+    ) -> None:
+        """`checkpoint_dir`: the private folder checkpoints pass through (the runner may write
+        it); `jit_warm_up_rounds`: rounds of the guest's JIT warm-up to run when idle (0: none)."""
+        super().__init__(process, limits, hooks, checkpoint_dir=str(checkpoint_dir), **init_fields)
+        self.checkpoint_dir = checkpoint_dir
+        self.jit_warm_up_rounds = jit_warm_up_rounds
+        self._jit_warm_up_sent = False
 
     async def jit_warm_up(self) -> None:
         if self.jit_warm_up_rounds > 0 and not self._jit_warm_up_sent and self.alive:
@@ -388,73 +409,31 @@ class PyodideExecutor(ProcessExecutor):
             with contextlib.suppress(SandboxDied):  # a dead sandbox is found out by its next call
                 await self._send({"type": "jit_warm_up", "rounds": self.jit_warm_up_rounds})
 
-    checkpoint_dir: Path | None = None
-
     async def recycle(self) -> str | None:
-        message = await self._between_runs({"type": "recycle"}, "recycled", RECYCLE_TIMEOUT)
-        if isinstance(message, str):
-            return message
+        message = await self._between_runs({"type": "recycle", "id": 0}, RECYCLE_TIMEOUT)
+        if isinstance(message, NotDone):
+            return message.reason
         if not message["clean"]:
-            return str(message["reason"] or "it is not clean")
+            return message["reason"] or "it is not clean"
         logger.debug("%s sandbox %d recycled in %.1f ms", self.backend, self.pid, message["ms"])
         self._tools_version = -1  # the guest's `tools` went with the rest of its state
         return None
 
-    async def checkpoint(self) -> Checkpoint | str:
-        assert self.checkpoint_dir is not None
-        name = f"checkpoint-{self._run_id + 1}"
-        request = {"type": "checkpoint", "file": name}
-        message = await self._between_runs(request, "checkpointed", CHECKPOINT_TIMEOUT)
-        path = self.checkpoint_dir / name
-        if isinstance(message, str):
-            path.unlink(missing_ok=True)
-            return message
-        if not message["saved"]:
-            return str(message["reason"] or "the sandbox did not say why")
-        try:
-            payload = await anyio.to_thread.run_sync(_take_file, path, self.limits.max_state_bytes)
-        except OSError as error:
-            return f"the checkpoint file could not be read: {error}"
-        if payload is None:
-            limit = self.limits.max_state_bytes // 2**20
-            return f"the session's state is over {limit} MB (MCP_SANDBOX_MAX_STATE_MB)"
-        logger.debug(
-            "%s sandbox %d checkpointed %d bytes in %.1f ms",
-            self.backend,
-            self.pid,
-            len(payload),
-            message["ms"],
-        )
-        return Checkpoint(payload, tuple(message["lost"]))
+    async def _read_checkpoint(self, name: str, limit: int) -> bytes:
+        return await anyio.to_thread.run_sync(_read_to, self.checkpoint_dir / name, limit + 1)
 
-    async def restore(self, state: bytes) -> str | None:
-        assert self.checkpoint_dir is not None
-        name = f"restore-{self._run_id + 1}"
-        try:
-            await anyio.to_thread.run_sync((self.checkpoint_dir / name).write_bytes, state)
-        except OSError as error:
-            return f"the checkpoint could not be handed to the sandbox: {error}"
-        message = await self._between_runs({"type": "restore", "file": name}, "restored", CHECKPOINT_TIMEOUT)
-        if isinstance(message, str):
-            return message
-        if not message["restored"]:
-            return str(message["reason"] or "the sandbox did not say why")
-        logger.debug("%s sandbox %d restored in %.1f ms", self.backend, self.pid, message["ms"])
-        self._tools_version = -1  # the guest's `tools` are the checkpoint's
-        return None
+    async def _remove_checkpoint(self, name: str) -> None:
+        (self.checkpoint_dir / name).unlink(missing_ok=True)
+
+    async def _hand_in_checkpoint(self, name: str, state: bytes) -> None:
+        await anyio.to_thread.run_sync((self.checkpoint_dir / name).write_bytes, state)
 
     async def close(self) -> None:
         await super().close()
-        if self.checkpoint_dir is not None:
-            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
 
 
-def _take_file(path: Path, limit: int) -> bytes | None:
-    """A file's bytes (None when over `limit`), and the file gone."""
-    try:
-        with open(path, "rb") as file:
-            if os.fstat(file.fileno()).st_size > limit:
-                return None
-            return file.read()
-    finally:
-        path.unlink(missing_ok=True)
+def _read_to(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a file."""
+    with open(path, "rb") as file:
+        return file.read(limit)

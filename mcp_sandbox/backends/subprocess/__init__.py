@@ -24,7 +24,6 @@ import anyio
 import anyio.abc
 
 from mcp_sandbox.backends.base import (
-    Checkpoint,
     Executor,
     ExecutorHooks,
     ExecutorLimits,
@@ -206,8 +205,9 @@ class SubprocessBackend(HostPythonBackend):
         finally:
             for fd in pass_fds:
                 os.close(fd)
-        executor = SubprocessExecutor(process, self._limits, self._hooks, workdir, **init_fields)
-        executor.uid, executor.uids = uid, iso.uids
+        executor = SubprocessExecutor(
+            process, self._limits, self._hooks, workdir, uid=uid, uids=iso.uids, **init_fields
+        )
         try:
             await start_process_executor(executor, self._task_group, settings.start_timeout)
         finally:
@@ -302,6 +302,7 @@ def _sandbox_worker_pid(info_fd: int) -> int | None:
 
 class SubprocessExecutor(ProcessExecutor):
     backend: ClassVar[str] = "subprocess"
+    checkpoint_timeout: ClassVar[float] = CHECKPOINT_TIMEOUT
 
     def __init__(
         self,
@@ -309,52 +310,35 @@ class SubprocessExecutor(ProcessExecutor):
         limits: ExecutorLimits,
         hooks: ExecutorHooks,
         workdir: Path,
+        *,
+        uid: int | None,
+        uids: WorkerUids | None,
         **init_fields: str,
     ) -> None:
+        """`uid`: the uid this worker runs under, given back to `uids` when it closes (None: its
+        tier runs workers under the server's own uid)."""
         super().__init__(process, limits, hooks, **init_fields)
         self._workdir = workdir
         #: Where a timeout's SIGINT goes: the worker itself (inside bubblewrap, not bwrap).
         self.signal_pid = process.pid
-        #: The uid this worker runs under, given back when it closes.
-        self.uid: int | None = None
-        self.uids: WorkerUids | None = None
+        self.uid = uid
+        self.uids = uids
 
     def _read_output_file(self, file: GuestFile, path: str, limit: int) -> bytes | None:
         return read_output_file(self._workdir, path, limit)
 
-    async def checkpoint(self) -> Checkpoint | str:
-        name = f"checkpoint-{self._run_id + 1}"
-        request = {"type": "checkpoint", "file": name}
-        message = await self._between_runs(request, "checkpointed", CHECKPOINT_TIMEOUT)
-        try:
-            if isinstance(message, str):
-                return message
-            if not message["saved"]:
-                return str(message["reason"] or "the sandbox did not say why")
-            limit = self.limits.max_state_bytes
-            folder = self._workdir / CHECKPOINT_FOLDER
-            payload = await anyio.to_thread.run_sync(read_file_inside, folder, name, limit)
-            if payload is None:
-                return "the checkpoint file could not be read back from the sandbox"
-            if len(payload) > limit:
-                return f"the session's state is over {limit // 2**20} MB (MCP_SANDBOX_MAX_STATE_MB)"
-            return Checkpoint(payload, tuple(message["lost"]))
-        finally:
-            await anyio.to_thread.run_sync(_remove_inside, self._workdir / CHECKPOINT_FOLDER, name)
+    async def _read_checkpoint(self, name: str, limit: int) -> bytes:
+        folder = self._workdir / CHECKPOINT_FOLDER
+        payload = await anyio.to_thread.run_sync(read_file_inside, folder, name, limit)
+        if payload is None:
+            raise OSError("it could not be read back from the sandbox")
+        return payload
 
-    async def restore(self, state: bytes) -> str | None:
-        name = f"restore-{self._run_id + 1}"
-        try:
-            await anyio.to_thread.run_sync(_hand_in, self._workdir / CHECKPOINT_FOLDER, name, state, self.uid)
-        except OSError as error:
-            return f"the checkpoint could not be handed to the sandbox: {error}"
-        message = await self._between_runs({"type": "restore", "file": name}, "restored", CHECKPOINT_TIMEOUT)
-        if isinstance(message, str):
-            return message
-        if not message["restored"]:
-            return str(message["reason"] or "the sandbox did not say why")
-        self._tools_version = -1  # the guest's `tools` are rebuilt from the catalog
-        return None
+    async def _remove_checkpoint(self, name: str) -> None:
+        await anyio.to_thread.run_sync(_remove_inside, self._workdir / CHECKPOINT_FOLDER, name)
+
+    async def _hand_in_checkpoint(self, name: str, state: bytes) -> None:
+        await anyio.to_thread.run_sync(_hand_in, self._workdir / CHECKPOINT_FOLDER, name, state, self.uid)
 
     async def interrupt(self) -> None:
         if self._process.returncode is None:
