@@ -1,12 +1,10 @@
 """mcp-sandbox: an MCP server that runs Python for LLM agents in a sandbox."""
 
-__version__ = "0.1.0"
-
-# After __version__: the server module imports it from here.
 from mcp_sandbox.errors import InvalidRequest, PoolUnavailable, Refused, SessionElsewhere, SessionLimitReached
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.settings import Settings
+from mcp_sandbox.version import __version__
 
 __all__ = [
     "ExecutionResult",

@@ -16,7 +16,6 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from mcp_sandbox import __version__
 from mcp_sandbox.audit import ExecutionRecord
 from mcp_sandbox.backends.base import Backend, ExecutorHooks, SandboxStartError
 from mcp_sandbox.backends.inprocess import InProcessBackend
@@ -34,6 +33,7 @@ from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import ProgressReport, SessionPool
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import DirectoryStore
+from mcp_sandbox.version import __version__
 
 logger = logging.getLogger(__name__)
 

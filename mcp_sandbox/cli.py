@@ -26,7 +26,6 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
-from mcp_sandbox import __version__
 from mcp_sandbox.app import App
 from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError, no_progress
 from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version
@@ -46,6 +45,7 @@ from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.server import build_server
 from mcp_sandbox.settings import Settings
+from mcp_sandbox.version import __version__
 from mcp_sandbox.web import BearerAuth, RoutingSessionId
 
 logger = logging.getLogger("mcp_sandbox")

@@ -24,13 +24,13 @@ from mcp.types import (
 )
 from pydantic import BaseModel, Field
 
-from mcp_sandbox import __version__
 from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App
 from mcp_sandbox.bridge.catalog import NO_MATCH, ToolSpec
 from mcp_sandbox.bridge.stubs import stubs
 from mcp_sandbox.errors import Refused
 from mcp_sandbox.kept import URI_TEMPLATE, KeptOutputMissing, line_number
 from mcp_sandbox.result import ExecutionResult
+from mcp_sandbox.version import __version__
 
 #: Output text files up to this size also come back as embedded resources.
 INLINE_TEXT_BYTES = 64 * 1024
