@@ -8,21 +8,18 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from enum import Enum
 
 import anyio
 import anyio.abc
 
 from mcp_sandbox.backends.base import Backend, Executor, SandboxStartError
 from mcp_sandbox.errors import SessionElsewhere, SessionLimitReached
-from mcp_sandbox.lifecycle import Timings
+from mcp_sandbox.lifecycle import Resumed, Session, SessionState, Timings, account
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import (
     DirectoryStore,
-    Lease,
     LeaseHeld,
     LeaseLost,
     SavedState,
@@ -58,115 +55,6 @@ class ProgressRelay:
             except Exception as error:  # noqa: BLE001 - a client that cannot take progress still gets its result
                 logger.debug("progress report failed: %s", error)
                 return
-
-
-class SessionState(Enum):
-    """Where a session's state is. Only a live session has a sandbox; the others get one at their
-    next call, and `account` says what that call's result tells the caller."""
-
-    #: Never ran on this instance: the store's record and checkpoint say what it had.
-    NEW = "new"
-    #: Its sandbox holds its state.
-    LIVE = "live"
-    #: This instance wrote its whole state to the store and gave its sandbox back.
-    HIBERNATED = "hibernated"
-    #: Another instance took its lease: the store's state is the one to go on from.
-    MOVED = "moved"
-    #: Its sandbox died (killed, crashed, found dead between calls).
-    LOST = "lost"
-
-
-@dataclass
-class Resumed:
-    """What the result of a call that gave a session a new sandbox says: restored from its
-    checkpoint after `from_call`, lost, or nothing (a new session, or hibernated and back whole)."""
-
-    from_call: int | None = None
-    notes: list[str] = field(default_factory=list)
-    #: Its variables are gone: the session starts fresh.
-    lost: bool = False
-
-    @property
-    def said_nothing(self) -> bool:
-        return self.from_call is None and not self.lost and not self.notes
-
-
-def account(
-    state: SessionState,
-    latest: int,
-    restored: SavedState | None,
-    problem: str | None,
-    ran_on: str | None,
-) -> Resumed:
-    """What a session's next result says, once it has a new sandbox. `latest` is its latest call
-    as far as known (0: it never ran, or started fresh since): exact when this instance ran it
-    all along, a lower bound from the store's record otherwise. `restored` is the checkpoint now
-    in the sandbox (None: none, or `problem` says why it could not be used), `ran_on` another
-    instance it ran on.
-
-    The one rule: the result is silent only when the session holds exactly the state its caller
-    last saw and nothing happened to it but hibernation; any other change is said.
-    """
-    elsewhere = f" on another server process ({ran_on}) that stopped" if ran_on else ""
-    if restored is not None:
-        call = restored.call
-        if state is SessionState.HIBERNATED and call == latest and not restored.lost:
-            return Resumed()
-        said = f"the session was restored from its checkpoint after call {call}"
-        if ran_on:
-            said += f"; it ran{elsewhere}"
-        if call < latest:
-            said += "; what later calls did is gone"
-            if state in (SessionState.HIBERNATED, SessionState.LOST):  # this instance knows them all
-                said += f" (call {latest})" if latest == call + 1 else f" (calls {call + 1} to {latest})"
-        return Resumed(from_call=call, notes=[said, *restored.lost])
-    if problem is not None:
-        return Resumed(notes=[f"{problem}, so it starts fresh"], lost=True)
-    if state is SessionState.LOST:
-        return Resumed(notes=["the session had no checkpoint yet, so its variables are gone"], lost=True)
-    if latest == 0:
-        return Resumed()  # a new session, or one that started fresh and has not run since
-    if state is SessionState.HIBERNATED:
-        said = "the session's hibernated state is gone from the store, so its variables are gone"
-    else:
-        said = (
-            f"the session ran{elsewhere or ' on a server process that stopped'} before its first checkpoint"
-        )
-        said += ", so its variables are gone"
-    return Resumed(notes=[said], lost=True)
-
-
-@dataclass(eq=False)
-class Session:
-    session_id: str
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
-    executor: Executor | None = None
-    last_used: float = field(default_factory=time.monotonic)
-    #: Calls that ran to an end in this session (its state is "after call `calls`").
-    calls: int = 0
-    #: The call whose state the store holds (0: none).
-    saved_call: int = 0
-    #: The call the store's record was last written with (-1: write it at the next call). The
-    #: record needs writing only when it does not show the session past its checkpoint yet.
-    recorded: int = -1
-    #: Said in the session's next result: what happened to it in between (a checkpoint refused).
-    notes: list[str] = field(default_factory=list)
-    #: Why its last checkpoint was refused, said once rather than after every call, and at which call.
-    refused: str | None = None
-    refused_call: int = 0
-    #: What the stored checkpoint could not carry (empty: the whole state).
-    saved_lost: tuple[str, ...] = ()
-    state: SessionState = SessionState.NEW
-    #: This instance's right to run it (instances sharing a state folder); held while it is live.
-    lease: Lease | None = None
-    #: Its lock is held by an idle-time checkpoint, not a call: soon free, so worth waiting for.
-    checkpointing: bool = False
-    #: Another instance ran it and stopped without giving it up (named in what is said).
-    moved_from: str | None = None
-
-    @property
-    def live(self) -> bool:
-        return self.executor is not None
 
 
 class SessionPool:
@@ -269,14 +157,12 @@ class SessionPool:
                     # in the sandbox the session gets instead, as if the death had been seen first.
                     await self._lose_sandbox(session)
                     if not session.calls:
-                        session.state = SessionState.NEW  # nothing had run in it: nothing is lost
+                        session.to(SessionState.NEW)  # nothing had run in it: nothing is lost
                     executor, resumed = await self._provide(session)
                     result = await self._run_in(executor, code, timeout, progress)
                 if result.session_lost:
                     renewed = await self._lose_sandbox(session, keep_renewed=True)
                     resumed = await self._resume(session, renewed)
-                    if session.executor is not None:
-                        session.state = SessionState.LIVE
                 if resumed.lost:
                     await self._start_fresh(session)
                 if not result.session_lost:
@@ -302,8 +188,7 @@ class SessionPool:
                 session.last_used = time.monotonic()
                 if self._sessions.get(session_id) is not session and session.executor is not None:
                     # Reset while this call waited or ran: the sandbox belongs to nobody now.
-                    await self._ready_pool.release(session.executor)
-                    session.executor = None
+                    await self._give_back(session.to(SessionState.NEW))
                 if session.executor is None:
                     await self._release_lease(session)
 
@@ -317,17 +202,21 @@ class SessionPool:
         await self._make_room(session)
         resumed = await self._resume(session)
         if session.executor is None:
-            session.executor = await self._ready_pool.acquire()
-        session.state = SessionState.LIVE
+            session.to(SessionState.LIVE, await self._ready_pool.acquire())
+        assert session.executor is not None
         return session.executor, resumed
+
+    async def _give_back(self, executor: Executor | None) -> None:
+        """Give a sandbox a session gave up back to the ready pool."""
+        assert executor is not None
+        await self._ready_pool.release(executor)
 
     async def _lose_sandbox(self, session: Session, *, keep_renewed: bool = False) -> Executor | None:
         """The session's sandbox lost its state. One renewed in place (Executor.renew) is clean
         again, for this session only: returned with `keep_renewed`, for the session to go on in;
         else given back, which closes it."""
-        executor = session.executor
+        executor = session.to(SessionState.LOST)
         assert executor is not None
-        session.executor, session.state = None, SessionState.LOST
         if not executor.alive:
             await executor.close()
         elif keep_renewed:
@@ -340,8 +229,8 @@ class SessionPool:
         """The caller is told the session's variables are gone: from now on it has nothing more
         to lose, and no old checkpoint may come back in its place."""
         session.calls = session.saved_call = 0
-        if session.executor is None:
-            session.state = SessionState.NEW
+        if session.state is SessionState.LOST:  # else it is live in the sandbox it was given
+            session.to(SessionState.NEW)
         if self._store is not None:
             await anyio.to_thread.run_sync(self._store.delete_checkpoint, session.session_id)
 
@@ -416,8 +305,7 @@ class SessionPool:
         taken_meanwhile = held is None or lease.token != held.token
         if taken_meanwhile and session.executor is not None:
             # Another instance may have run it since: the store's state is the one to go on from.
-            await self._ready_pool.release(session.executor)
-            session.executor, session.state = None, SessionState.MOVED
+            await self._give_back(session.to(SessionState.MOVED))
 
     async def _release_lease(self, session: Session) -> None:
         lease, session.lease = session.lease, None
@@ -444,8 +332,7 @@ class SessionPool:
                     if session.lease is lease:
                         session.lease = None
                     if not session.lock.locked() and session.executor is not None:
-                        await self._ready_pool.release(session.executor)
-                        session.executor, session.state = None, SessionState.MOVED
+                        await self._give_back(session.to(SessionState.MOVED))
                 except StoreError as error:
                     logger.warning("session %r: %s", session.session_id, error)
                 else:
@@ -517,7 +404,7 @@ class SessionPool:
                     await executor.close()
         if reason is not None:
             return None, f"the session's checkpoint could not be restored ({reason})"
-        session.executor = executor
+        session.to(SessionState.LIVE, executor)
         session.calls = session.saved_call = state.call
         session.saved_lost, session.refused, session.refused_call = state.lost, None, 0
         return state, None
@@ -539,12 +426,12 @@ class SessionPool:
             if session.calls != call or self._sessions.get(session.session_id) is not session:
                 return  # ran again while it waited for a slot: that call's checkpoint will follow
             async with session.lock:
-                if session.calls == call and not self._closing:
-                    session.checkpointing = True
+                if session.live and session.calls == call and not self._closing:
+                    session.to(SessionState.CHECKPOINTING)
                     try:
                         await self._save(session)
                     finally:
-                        session.checkpointing = False
+                        session.to(SessionState.LIVE)
 
     async def _save(self, session: Session) -> bool:
         """Checkpoint the session (its lock held) unless the store's copy is current: whether the
@@ -590,7 +477,9 @@ class SessionPool:
         Never when its state cannot be carried whole (the session then stays live)."""
         if session.executor is None or self._closing:
             return False
-        if session.lock.locked() and not (wait_for_checkpoint and session.checkpointing):
+        if session.lock.locked() and not (
+            wait_for_checkpoint and session.state is SessionState.CHECKPOINTING
+        ):
             return False  # in a call: not idle
         async with session.lock:
             if (
@@ -599,9 +488,7 @@ class SessionPool:
                 or not await self._save(session)
             ):
                 return False
-            executor, session.executor = session.executor, None
-            session.state = SessionState.HIBERNATED
-            await self._ready_pool.release(executor)
+            await self._give_back(session.to(SessionState.HIBERNATED))
             await self._release_lease(session)
         logger.info("session %r hibernated after call %d", session.session_id, session.saved_call)
         return True
@@ -680,8 +567,7 @@ class SessionPool:
                 # A running call in it ends as a SandboxCrash; that is what resetting means.
                 await session.executor.close()
             else:
-                await self._ready_pool.release(session.executor)
-                session.executor = None
+                await self._give_back(session.to(SessionState.NEW))
         if self._store is not None:
             await anyio.to_thread.run_sync(self._store.delete, session_id)
         if session is not None:

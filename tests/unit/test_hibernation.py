@@ -13,10 +13,10 @@ import anyio
 import pytest
 
 from mcp_sandbox.backends.base import Checkpoint, Executor
-from mcp_sandbox.lifecycle import Timings
+from mcp_sandbox.lifecycle import WITH_SANDBOX, Timings
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.protocol import GuestOutcome
-from mcp_sandbox.sessions import SessionPool, SessionState
+from mcp_sandbox.sessions import SessionPool
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import DirectoryStore
 from tests.unit.fakes import FakeExecutor, outcome
@@ -91,7 +91,7 @@ async def pool_of_sessions(
 
 
 def live(sessions: SessionPool) -> set[str]:
-    return {name for name in "abc" if sessions.state(name) is SessionState.LIVE}
+    return {name for name in "abc" if sessions.state(name) in WITH_SANDBOX}
 
 
 async def test_the_least_recently_used_session_is_hibernated_and_comes_back_whole(tmp_path: Path) -> None:
@@ -157,3 +157,17 @@ async def test_a_hibernated_session_whose_state_is_damaged_says_it_is_lost(tmp_p
         back = await sessions.run("a2", timeout=1, session_id="a")
         assert back.session_lost and back.result == '["a2"]', back
         assert any("could not be used" in note for note in back.notes), back.notes
+
+
+async def test_a_checkpoint_of_another_build_is_refused_with_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with pool_of_sessions(tmp_path) as sessions:
+        await sessions.run("a1", timeout=1, session_id="a")
+    # The server restarts on another build (another Pyodide, runner or guest): its memory layout differs.
+    monkeypatch.setattr(FakeBackend, "build", "fake-2")
+    async with pool_of_sessions(tmp_path) as sessions:
+        back = await sessions.run("a2", timeout=1, session_id="a")
+    assert back.session_lost and back.result == '["a2"]', back
+    refused = "another sandbox build (fake-1; this server runs fake-2)"
+    assert any(refused in note for note in back.notes), back.notes

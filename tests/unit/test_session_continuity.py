@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 from mcp_sandbox.backends.base import Executor, SandboxDied
-from mcp_sandbox.sessions import Resumed, SessionPool, SessionState, account
+from mcp_sandbox.lifecycle import Resumed, SessionState, account
+from mcp_sandbox.sessions import SessionPool
 from mcp_sandbox.store import SavedState
 from tests.unit.test_hibernation import QUICK, StatefulExecutor, pool_of_sessions
 
