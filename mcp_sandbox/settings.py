@@ -137,7 +137,8 @@ class Settings(BaseSettings):
         "auto",
         description="subprocess: the OS sandbox around each worker. auto: the strongest that works here, "
         "in order bubblewrap (namespaces, a read-only root, seccomp), landlock (Landlock + seccomp, where "
-        "namespaces are refused), none (rlimits only, with a warning).",
+        "namespaces are refused), none (rlimits only, with a warning); each fallback is logged with its "
+        "reason.",
     )
     require_isolation: bool = Field(
         False, description="subprocess: refuse to start rather than run workers with no OS sandbox."
