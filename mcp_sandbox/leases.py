@@ -1,0 +1,137 @@
+"""This instance's leases on its sessions, so instances sharing a state folder never run one
+session at once: taken before a call, renewed in the background while the session is live,
+given up once it is not."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+import anyio
+
+from mcp_sandbox.errors import SessionElsewhere
+from mcp_sandbox.lifecycle import Session, SessionState
+from mcp_sandbox.pool import ReadyPool
+from mcp_sandbox.store import DirectoryStore, LeaseHeld, LeaseLost, StoreError
+
+logger = logging.getLogger(__name__)
+
+
+class Leases:
+    """The leases of the sessions in `sessions` (a SessionPool's registry), held as `instance`
+    for MCP_SANDBOX_LEASE_SECONDS at a time. Without a store there is nothing to share, and
+    every method does nothing."""
+
+    def __init__(
+        self,
+        store: DirectoryStore | None,
+        seconds: float,
+        instance: str,
+        sessions: Mapping[str, Session],
+        ready_pool: ReadyPool,
+    ) -> None:
+        self._store = store
+        self._seconds = seconds
+        self._instance = instance
+        self._sessions = sessions
+        self._ready_pool = ready_pool
+
+    @property
+    def on(self) -> bool:
+        return self._store is not None
+
+    async def hold(self, session: Session) -> None:
+        """Make sure this instance holds the session's lease (its lock held), waiting up to
+        MCP_SANDBOX_LEASE_SECONDS for another instance's to run out. A sandbox kept from before
+        another instance ran the session is given back: its state is older than the store's.
+        Raises SessionElsewhere."""
+        if self._store is None:
+            return
+        store, seconds = self._store, self._seconds
+        held = session.lease
+        if held is not None and held.expires - time.time() > seconds / 2:
+            return  # renewed in the background; nobody can have taken it
+        deadline = time.monotonic() + seconds + 1
+        while True:
+            try:
+                lease = await anyio.to_thread.run_sync(
+                    store.acquire_lease, session.session_id, self._instance, seconds
+                )
+                break
+            except LeaseHeld as error:
+                if time.monotonic() >= deadline:
+                    raise SessionElsewhere(
+                        f"session {session.session_id!r} is running on another instance of this server "
+                        f"({error}); send each session's calls to one instance (docs/deploy.md: hash on "
+                        "Mcp-Param-Session-Id and Mcp-Session-Id), or retry once that instance has stopped"
+                    ) from None
+                await anyio.sleep(min(1.0, seconds / 10))
+            except StoreError as error:
+                logger.warning("session %r runs without a lease: %s", session.session_id, error)
+                session.lease = None
+                return
+        session.lease = lease
+        if lease.taken_from is not None:
+            session.moved_from = lease.taken_from
+        taken_meanwhile = held is None or lease.token != held.token
+        if taken_meanwhile and session.executor is not None:
+            # Another instance may have run it since: the store's state is the one to go on from.
+            await self._give_back(session)
+
+    async def release(self, session: Session) -> None:
+        lease, session.lease = session.lease, None
+        if lease is not None and self._store is not None:
+            await anyio.to_thread.run_sync(self._store.release_lease, lease)
+
+    async def take_for_reset(self, session_id: str) -> None:
+        """Before a reset deletes the session's saved state: make sure no other instance runs it
+        (this one holds its lease, or can take it), deleting the state under the lease taken.
+        Raises SessionElsewhere."""
+        known = self._sessions.get(session_id)
+        if self._store is None or (known is not None and known.lease is not None):
+            return
+        try:
+            lease = await anyio.to_thread.run_sync(
+                self._store.acquire_lease, session_id, self._instance, self._seconds
+            )
+        except LeaseHeld as error:
+            raise SessionElsewhere(
+                f"session {session_id!r} is running on another instance of this server ({error}); "
+                "reset it through that instance, or once it has stopped"
+            ) from None
+        except StoreError:
+            return
+        await anyio.to_thread.run_sync(self._store.delete, session_id)
+        await anyio.to_thread.run_sync(self._store.release_lease, lease)
+
+    async def renew_forever(self) -> None:
+        """Renew the leases of live sessions every third of MCP_SANDBOX_LEASE_SECONDS, forever (run
+        it in a task). A lease found taken (this instance stalled past it) gives its sandbox up."""
+        if self._store is None:
+            return
+        store, seconds = self._store, self._seconds
+        while True:
+            await anyio.sleep(seconds / 3)
+            for session in list(self._sessions.values()):
+                lease = session.lease
+                if lease is None:
+                    continue
+                try:
+                    renewed = await anyio.to_thread.run_sync(store.renew_lease, lease, seconds)
+                except LeaseLost:
+                    logger.warning("session %r was taken over by another instance", session.session_id)
+                    if session.lease is lease:
+                        session.lease = None
+                    if not session.lock.locked() and session.executor is not None:
+                        await self._give_back(session)
+                except StoreError as error:
+                    logger.warning("session %r: %s", session.session_id, error)
+                else:
+                    if session.lease is lease:
+                        session.lease = renewed
+
+    async def _give_back(self, session: Session) -> None:
+        executor = session.to(SessionState.MOVED)
+        assert executor is not None
+        await self._ready_pool.release(executor)
