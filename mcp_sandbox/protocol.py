@@ -90,8 +90,20 @@ JIT_WARM_UP_ROUNDS_AT_START = 3
 #: A progress line is at most this long, and sent at most every PROGRESS_EVERY_S seconds.
 MAX_PROGRESS_LINE_CHARS = 200
 PROGRESS_EVERY_S = 0.5
-#: The guest runtime's module name: runners load the guest modules, then take this one.
-GUEST_RUNTIME_MODULE = "mcp_sandbox.backends.guest"
+#: The guest runtime's modules (mcp_sandbox/guest/), in the order a runner loads them after this
+#: one: each imports only the protocol and those before it. The last, the package, is the runtime.
+GUEST_MODULES = (
+    "mcp_sandbox.guest.capture",
+    "mcp_sandbox.guest.program",
+    "mcp_sandbox.guest.tools",
+    "mcp_sandbox.guest.artifacts",
+    "mcp_sandbox.guest.interpreter",
+    "mcp_sandbox.guest.checkpoint",
+    "mcp_sandbox.guest.readonly",
+    "mcp_sandbox.guest.pyodide_worker",
+    "mcp_sandbox.guest",
+)
+GUEST_RUNTIME_MODULE = GUEST_MODULES[-1]
 #: Files a program writes here (relative to its working directory) come back with the result.
 OUTPUT_DIR = "output"
 #: The sandbox's read-only copy of the host's data folder (relative to its working directory).
@@ -243,12 +255,37 @@ def reply_error(message: str) -> str:
 
 REPLY_INTERRUPTED = json.dumps(ToolReplyInterrupted(ok=False, interrupted=True))
 
+# --- The tool manifest (RunMessage.tools, JSON text): a list of ManifestTool ---
+
+
+class ManifestParam(TypedDict):
+    """One parameter of a tool: ``name`` as the upstream's schema spells it, ``py`` its Python
+    name, ``annotation`` the type its signature shows (``"str | int"``)."""
+
+    name: str
+    py: str
+    annotation: str
+    required: bool
+
+
+class ManifestTool(TypedDict):
+    """One tool, as the guest builds ``tools.<server_py>.<name_py>`` and its ``_async`` twin:
+    ``doc`` is their docstring; ``other_keywords``, only when the input schema takes properties it
+    does not list, names the ``**`` parameter that takes them (sent as given)."""
+
+    server_py: str
+    name_py: str
+    params: list[ManifestParam]
+    doc: str
+    other_keywords: NotRequired[str]
+
+
 # --- Host -> runner ---
 
 
 class InitMessage(TypedDict):
     """First line, once. ``guest_modules``: (module name, Python source) pairs the runner loads
-    in order (this module, then the guest runtime). The host folders the sandbox reads: Pyodide,
+    in order (this module, then GUEST_MODULES). The host folders the sandbox reads: Pyodide,
     data/, packages, the memory snapshot to start from; ``allow_net``: hosts it may reach."""
 
     type: Literal["init"]
@@ -270,8 +307,8 @@ class InitMessage(TypedDict):
 
 
 class RunMessage(TypedDict):
-    """Run a program in the sandbox's interpreter. ``tools`` (JSON text, a list of catalog
-    ToolSpec) replaces the guest's `tools` first; sent only when the catalog changed."""
+    """Run a program in the sandbox's interpreter. ``tools`` (the tool manifest: JSON text, a
+    list of ManifestTool) replaces the guest's `tools` first; sent only when the catalog changed."""
 
     type: Literal["run"]
     id: int

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, TextIO
 
 import anyio
 
-from mcp_sandbox.backends import guest
+from mcp_sandbox import guest
 from mcp_sandbox.backends.base import (
     Executor,
     ExecutorHooks,

@@ -35,7 +35,6 @@ from mcp_sandbox.protocol import GuestOutcome, RunnerMessage, reply_error
 logger = logging.getLogger(__name__)
 
 
-
 def _guest_source(name: str) -> str:
     """The source of guest module `name` (mcp_sandbox.x.y), read from this installed package."""
     path = Path(protocol.__file__).parent.joinpath(*name.split(".")[1:])

@@ -12,8 +12,10 @@ import keyword
 import math
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from mcp_sandbox.protocol import ManifestParam, ManifestTool
 
 _NOT_IDENTIFIER = re.compile(r"\W", re.ASCII)
 #: Where local tools (host callables) live in the guest: `tools.local`. When a bridge has local
@@ -124,11 +126,21 @@ class ToolSpec:
         ]
         return "\n".join(lines)
 
-    def manifest(self) -> dict[str, Any]:
-        """The JSON-ready form the guest runtime builds functions from."""
-        data = asdict(self)
-        del data["input_schema"], data["output_schema"]
-        return data
+    def manifest(self) -> ManifestTool:
+        """This tool's entry in the tool manifest, which the guest builds its functions from."""
+        params: list[ManifestParam] = [
+            {"name": p.name, "py": p.py, "annotation": p.annotation, "required": p.required}
+            for p in self.params
+        ]
+        entry: ManifestTool = {
+            "server_py": self.server_py,
+            "name_py": self.name_py,
+            "params": params,
+            "doc": self.doc,
+        }
+        if self.other_keywords is not None:
+            entry["other_keywords"] = self.other_keywords
+        return entry
 
 
 def _optional(annotation: str) -> str:

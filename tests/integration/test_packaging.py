@@ -41,7 +41,7 @@ def test_wheel_contains_the_runner(wheel: Path) -> None:
         "deno.lock",
     ):
         assert f"mcp_sandbox/backends/pyodide/{name}" in names
-    assert "mcp_sandbox/backends/guest.py" in names and "mcp_sandbox/protocol.py" in names
+    assert "mcp_sandbox/guest/__init__.py" in names and "mcp_sandbox/protocol.py" in names
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import pytest
 from dspy.primitives.code_interpreter import CodeInterpreter, _validate_interpreter_factory
 
-from mcp_sandbox.backends import guest  # noqa: F401 - in every sandbox, where the DSPy runtime uses it
+from mcp_sandbox import guest  # noqa: F401 - in every sandbox, where the DSPy runtime uses it
 from mcp_sandbox.integrations.dspy import CodeInterpreterError, SandboxInterpreter
 from mcp_sandbox.integrations.dspy.errors import CodeExecutionError
 from mcp_sandbox.integrations.dspy.interpreter import GUEST_SOURCE, _awaits, _Exchange

@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.backends.guest import CappedText, Interpreter, jit_warm_up, run_json
+from mcp_sandbox import protocol
+from mcp_sandbox.backends.process import GUEST_MODULES
+from mcp_sandbox.guest import CappedText, Interpreter, jit_warm_up, run_json
 from mcp_sandbox.protocol import GuestOutcome, OutputLimits, cap_text
 
 NO_ARTIFACTS: OutputLimits = {"max_files": 0, "max_bytes": 0, "max_figures": 0}
@@ -168,3 +172,42 @@ def test_jit_warm_up_leaves_the_users_interpreter_untouched() -> None:
     # Tracebacks still quote the user's own lines, not the warm-up program's.
     error = run("broken()", session)["error"]
     assert isinstance(error, str) and "return 1 / 0" in error
+
+
+#: Loads the guest as a runner does (the CPython worker's load_module), in a Python that cannot
+#: import the installed package, then runs a program whose error passes through the tool bridge.
+LOAD_AS_A_RUNNER = """
+import json, sys, types
+sys.modules["mcp_sandbox"] = None  # an import the load order does not satisfy fails
+for name, source in json.load(sys.stdin):
+    module = types.ModuleType(name)
+    module.__file__ = f"<{name}>"
+    sys.modules[name] = module
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+guest = sys.modules[sys.modules["mcp_sandbox.protocol"].GUEST_RUNTIME_MODULE]
+output = {"max_files": 0, "max_bytes": 0, "max_figures": 0}
+limits = {"max_output_chars": 1000, "max_kept_output_chars": 0, "output": output}
+print(guest.run_json(guest.Interpreter(limits), "print('hi')\\ntools.describe('x')"))
+"""
+
+
+def test_the_guest_loads_from_source_in_the_protocol_order_as_runners_load_it(tmp_path: Path) -> None:
+    guest_folder = Path(protocol.__file__).with_name("guest")
+    named = {
+        name.removeprefix("mcp_sandbox.guest").lstrip(".") or "__init__" for name in protocol.GUEST_MODULES
+    }
+    assert named == {path.stem for path in guest_folder.glob("*.py")}, "every guest module is sent"
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", LOAD_AS_A_RUNNER],
+        input=json.dumps(GUEST_MODULES),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout)
+    assert outcome["stdout"] == "hi\n" and outcome["error_type"] == "ToolError"
+    # The runtime's own frames are left out of the traceback: the user's line is the last one.
+    assert "mcp_sandbox" not in outcome["error"] and "tools.describe('x')" in outcome["error"]

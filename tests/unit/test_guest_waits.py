@@ -1,5 +1,5 @@
-"""The guest's stdin and its waits (guest.py), in this interpreter, with a recording `wait` in
-place of the Pyodide worker's."""
+"""The guest's stdin and its waits, in this interpreter, with a recording `wait` in place of the
+Pyodide worker's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mcp_sandbox.backends import guest
+from mcp_sandbox import guest
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import asyncio
 import json
 import threading
 
-from mcp_sandbox.backends.guest import Interpreter, ToolChannel
 from mcp_sandbox.bridge.catalog import tool_spec
-from mcp_sandbox.protocol import OutputLimits, reply_ok
+from mcp_sandbox.guest import Interpreter, ToolChannel
+from mcp_sandbox.protocol import ManifestTool, OutputLimits, reply_ok
 
 NO_ARTIFACTS: OutputLimits = {"max_files": 0, "max_bytes": 0, "max_figures": 0}
 
@@ -85,19 +85,7 @@ class DescribingHost(Host):
 
 def test_tools_describe_asks_the_host_over_the_channel_and_shows_the_text_as_code() -> None:
     host = DescribingHost()
-    manifest = [
-        {
-            "server": "calc",
-            "server_py": "calc",
-            "name": "add",
-            "name_py": "add",
-            "params": [],
-            "description": "",
-            "unwrap_result": False,
-            "local": False,
-            "doc": "",
-        }
-    ]
+    manifest: list[ManifestTool] = [{"server_py": "calc", "name_py": "add", "params": [], "doc": ""}]
     session = Interpreter(
         {"max_output_chars": 1000, "max_kept_output_chars": 0, "output": NO_ARTIFACTS}, host.channel
     )

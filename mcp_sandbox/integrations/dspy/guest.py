@@ -37,8 +37,8 @@ SUBMIT_TYPES = {
 #: Where DSPy puts the files it is given (enable_read_paths, enable_write_paths).
 MOUNT_FOLDER = "/sandbox"
 FILENAME = "<dspy-cell-{}>"
-#: The sandbox's guest runtime (mcp_sandbox/backends/guest.py), loaded in every sandbox.
-GUEST_RUNTIME = "mcp_sandbox.backends.guest"
+#: The sandbox's guest runtime (the package mcp_sandbox/guest/), loaded in every sandbox.
+GUEST_RUNTIME = "mcp_sandbox.guest"
 
 
 class Report:
