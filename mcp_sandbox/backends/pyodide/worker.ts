@@ -1,6 +1,6 @@
 /// <reference lib="deno.worker" />
 // Sandbox side: hosts Pyodide and runs programs through the guest runtime
-// (mcp_sandbox/backends/guest.py), which returns each outcome as JSON text. Messages and
+// (the package mcp_sandbox/guest/), which returns each outcome as JSON text. Messages and
 // constants come from protocol.ts; the exact Pyodide version is pinned once, in deno.json.
 import { loadPyodide, type PyodideInterface } from "pyodide";
 import { HOME, PYODIDE_OPTIONS } from "./options.ts";
@@ -12,7 +12,6 @@ import {
   DATA_DIR,
   GUEST_RUNTIME_MODULE,
   type GuestLimits,
-  type GuestOutcome,
   JIT_WARM_UP_IDLE_MS,
   JIT_WARM_UP_ROUNDS_AT_START,
   OUTPUT_DIR,
@@ -66,6 +65,8 @@ let control: MessagePort;
 let ranSinceClean = false;
 // Names in the session's globals that hold JavaScript objects (a checkpoint's refusal names them).
 let jsHolders: PyCallable;
+// What a run reports when its interrupt lands in the runtime's own code (guest.interrupted_json).
+let interruptedOutcome: string;
 const postToMain = self.postMessage.bind(self);
 // The control channel's answers are built and sent with the originals: a program may replace
 // JSON.stringify or MessagePort.prototype.postMessage, and must not be able to forge a verdict.
@@ -339,17 +340,23 @@ async function loadImports(code: string): Promise<string[]> {
 }
 
 // Installs the guest's modules (mcp_sandbox.protocol, then the guest runtime) from their source,
-// as the CPython worker does.
-const LOAD_MODULE = `
-def load_module(name, source):
-    import sys, types
-    module = types.ModuleType(name)
-    module.__file__ = f"<{name}>"
-    sys.modules[name] = module
-    exec(compile(source, module.__file__, "exec"), module.__dict__)
-    return module
-load_module
-`;
+// as the CPython worker's load_module does, calling Python's own types.ModuleType, compile and exec.
+function loadGuestModules(modules: [string, string][]): void {
+  const builtins = pyodide.pyimport("builtins");
+  const types = pyodide.pyimport("types");
+  const sys = pyodide.pyimport("sys");
+  const loaded = sys.modules;
+  for (const [name, source] of modules) {
+    const module = types.ModuleType(name);
+    const namespace = module.__dict__;
+    namespace.set("__file__", `<${name}>`);
+    loaded.set(name, module);
+    const code = builtins.compile(source, `<${name}>`, "exec");
+    builtins.exec(code, namespace);
+    for (const proxy of [code, namespace, module]) proxy.destroy();
+  }
+  for (const proxy of [loaded, sys, types, builtins]) proxy.destroy();
+}
 
 async function init(message: WorkerInit): Promise<void> {
   const started = performance.now();
@@ -400,11 +407,7 @@ async function init(message: WorkerInit): Promise<void> {
   Object.defineProperty(Deno, (Deno as unknown as { internal: symbol }).internal, refuse("Deno's internals are not the sandbox's"));
   syncState = message.syncState as Int32Array;
   syncData = message.syncData as SharedArrayBuffer;
-  const loaderGlobals = pyodide.toPy({});
-  const loadModule = pyodide.runPython(LOAD_MODULE, { globals: loaderGlobals }) as PyCallable;
-  for (const [name, source] of message.guest_modules) (loadModule(name, source) as PyModule).destroy();
-  loadModule.destroy?.();
-  loaderGlobals.destroy();
+  loadGuestModules(message.guest_modules);
   const sys = pyodide.pyimport("sys");
   // Loaded under its dotted name without its parent packages, so it is found in sys.modules.
   const guest = sys.modules.get(GUEST_RUNTIME_MODULE) as PyModule;
@@ -430,9 +433,11 @@ async function init(message: WorkerInit): Promise<void> {
     [new URL(".", import.meta.url).pathname, "/runner"],
     [Deno.execPath(), "deno"],
   ]);
-  jsHolders = pyodide.runPython(JS_HOLDERS, { globals: pyodide.toPy({}) }) as PyCallable;
-  const facade = limitPyodideModule();
-  reportReachingPast();
+  jsHolders = guest.js_holders;
+  interruptedOutcome = guest.interrupted_json() as string;
+  const facade = limitPyodideModule(guest.forget_modules);
+  // A program that reaches past what a recycle checks (ctypes, gc, tracing) taints the sandbox.
+  guest.report_reaching_past((event: string) => taint(`it used ${event}`));
   const preloadFailed = await preload(message.preload ?? []);
   await settleMessagePorts();
   clean = new CleanState(pyodide, GUEST_DATA, [facade]);
@@ -452,13 +457,10 @@ async function preload(names: string[]): Promise<string[]> {
   for (const name of names) {
     const module = normalize(name);
     const problems = await loadImports(`import ${module}`);
-    const scope = pyodide.toPy({});
     try {
-      pyodide.runPython(`import ${module}`, { globals: scope });
+      pyodide.pyimport(module).destroy();
     } catch (error) {
       failed.push(`${name}: ${scrub([...problems, String(error).trim().split("\n").pop()].join("; "))}`);
-    } finally {
-      scope.destroy();
     }
   }
   cleanWheels = new Set(loadedWheels);
@@ -478,17 +480,6 @@ function settleMessagePorts(): Promise<void> {
     port2.postMessage(null);
   });
 }
-
-// What guest.interrupted_outcome reports for an interrupt outside the program.
-const INTERRUPTED_OUTCOME: GuestOutcome = {
-  success: false,
-  stdout: "",
-  stderr: "",
-  result: null,
-  error_type: "KeyboardInterrupt",
-  error: "KeyboardInterrupt",
-  truncated: false,
-};
 
 type CStack = { stackSave(): number; stackRestore(at: number): void };
 
@@ -539,7 +530,7 @@ async function run(message: RunMessage): Promise<void> {
     if ((error as { type?: unknown }).type === "KeyboardInterrupt") {
       // The deadline passed before the program began, so the interrupt landed in the runtime's
       // own code: the run was interrupted, as the CPython runners report it.
-      outcome = JSON.stringify(INTERRUPTED_OUTCOME);
+      outcome = interruptedOutcome;
     } else {
       // The guest runtime catches every other Python exception: this is Pyodide itself failing.
       postRunnerMessage(id, { type: "crashed", id, message: String(error) }, true);
@@ -558,7 +549,7 @@ async function run(message: RunMessage): Promise<void> {
 
 // `import pyodide_js` gives only what Pyodide's own Python modules use, not the whole API: the
 // runtime's internals (the memory, the file system) stay out of programs' reach.
-function limitPyodideModule(): object {
+function limitPyodideModule(forgetModules: PyCallable): object {
   const api = (pyodide as unknown as { _api: Record<string, unknown> })._api;
   const facade = {
     _api: { scheduleCallback: api.scheduleCallback, config: api.config, abortSignalAny: api.abortSignalAny },
@@ -567,32 +558,8 @@ function limitPyodideModule(): object {
   };
   pyodide.unregisterJsModule("pyodide_js");
   pyodide.registerJsModule("pyodide_js", facade);
-  pyodide.runPython(
-    "import sys\nfor _name in [n for n in sys.modules if n.split('.')[0] == 'pyodide_js']: del sys.modules[_name]\ndel _name",
-  );
+  forgetModules("pyodide_js");
   return facade;
-}
-
-// An audit hook tells recycle.ts when a program reaches past what a recycle checks: raw memory
-// and C calls (ctypes), every live object (gc), other frames (tracing), or the hook itself. Such
-// a sandbox is replaced, not recycled. Audit hooks cannot be removed from Python.
-const AUDIT_HOOK = `
-def _install(report):
-    import sys
-    watched = ("ctypes.", "gc.get_", "sys.settrace", "sys.setprofile", "sys._current_frames")
-    def hook(event, args):
-        if event.startswith(watched) or (event == "object.__setattr__" and args and args[0] is hook):
-            report(event)
-    sys.addaudithook(hook)
-_install
-`;
-
-function reportReachingPast(): void {
-  const scope = pyodide.toPy({});
-  const install = pyodide.runPython(AUDIT_HOOK, { globals: scope }) as PyCallable;
-  install((event: string) => taint(`it used ${event}`));
-  install.destroy?.();
-  scope.destroy();
 }
 
 // Recycling (recycle.ts): back to the clean state, in idle time between two callers.
@@ -618,17 +585,6 @@ function recycle(message: WorkerRecycle): void {
 }
 
 // Checkpoints (checkpoint.ts): the session's state as data, in idle time between runs.
-const JS_HOLDERS = `
-def _js_holders(interpreter):
-    import sys
-    from pyodide.ffi import JsProxy
-    modules = {id(module) for module in sys.modules.values()}  # "import js" holds nothing new
-    return [
-        name for name, value in interpreter.namespace.items()
-        if isinstance(value, JsProxy) and id(value) not in modules
-    ]
-_js_holders
-`;
 
 function checkpoint(message: WorkerCheckpoint): void {
   const started = performance.now();
