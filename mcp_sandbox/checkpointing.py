@@ -7,13 +7,14 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 import anyio
 import anyio.abc
 
 from mcp_sandbox.backends.base import Backend, Executor, SandboxStartError
 from mcp_sandbox.leases import Leases
-from mcp_sandbox.lifecycle import Resumed, Session, SessionState, Timings, account
+from mcp_sandbox.lifecycle import Refusal, Resumed, Saved, Session, SessionState, Timings, account
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import DirectoryStore, LeaseLost, SavedState, StateUnusable, StoreError
@@ -110,13 +111,13 @@ class Checkpoints:
             state = await anyio.to_thread.run_sync(store.load, session.session_id)
         except StateUnusable as error:
             await anyio.to_thread.run_sync(store.delete_checkpoint, session.session_id)
-            session.saved_call = 0
+            session.saved = replace(session.saved, call=0)
             return None, f"the session's saved state could not be used ({error})"
         if state is None:
             return None, None
         if state.backend != backend.name or state.build != backend.build:
             await anyio.to_thread.run_sync(store.delete_checkpoint, session.session_id)
-            session.saved_call = 0
+            session.saved = replace(session.saved, call=0)
             return None, (
                 f"the session's saved state is from another sandbox build ({state.build}; this "
                 f"server runs {backend.build})"
@@ -137,14 +138,13 @@ class Checkpoints:
         if reason is not None:
             return None, f"the session's checkpoint could not be restored ({reason})"
         session.to(SessionState.LIVE, executor)
-        session.calls = session.saved_call = state.call
-        session.saved_lost, session.refused, session.refused_call = state.lost, None, 0
+        session.calls, session.saved, session.refusal = state.call, Saved(state.call, state.lost), None
         return state, None
 
     async def start_fresh(self, session: Session) -> None:
         """The caller is told the session's variables are gone: from now on it has nothing more
         to lose, and no old checkpoint may come back in its place."""
-        session.calls = session.saved_call = 0
+        session.calls, session.saved = 0, replace(session.saved, call=0)
         if session.state is SessionState.LOST:  # else it is live in the sandbox it was given
             session.to(SessionState.NEW)
         if self._store is not None:
@@ -161,7 +161,7 @@ class Checkpoints:
             store is None
             or not self.on
             or not self._open(session)
-            or session.saved_call < session.recorded <= session.calls
+            or session.saved.call < session.recorded <= session.calls
         ):
             return []
         try:
@@ -206,9 +206,9 @@ class Checkpoints:
         store now holds its whole state. A refusal goes into the session's next result, once."""
         assert self._store is not None and self._backend is not None
         executor, call = session.executor, session.calls
-        if session.saved_call == call and session.refused is None:
-            return not session.saved_lost
-        if session.refused is not None and session.refused_call == call:
+        if session.saved.call == call and session.refusal is None:
+            return not session.saved.lost
+        if session.refusal is not None and session.refusal.call == call:
             return False  # nothing ran since: asking again would get the same answer
         if executor is None or not executor.alive:
             return False
@@ -227,17 +227,16 @@ class Checkpoints:
                     # Reset while it was being written: what was written belongs to nobody.
                     await anyio.to_thread.run_sync(self._store.delete, session.session_id)
                     return False
-                session.saved_call, session.saved_lost, session.refused = call, saved.lost, None
+                session.saved, session.refusal = Saved(call, saved.lost), None
                 return not saved.lost
-        session.refused_call = call
-        if saved != session.refused:
-            session.refused = saved
+        if session.refusal is None or saved != session.refusal.reason:
             kept = (
-                f" (a restore brings back its state after call {session.saved_call})"
-                if session.saved_call
+                f" (a restore brings back its state after call {session.saved.call})"
+                if session.saved.call
                 else ""
             )
             session.notes.append(f"the session's state after call {call} was not checkpointed{kept}: {saved}")
+        session.refusal = Refusal(saved, call)
         return False
 
     async def _hibernate(self, session: Session, *, wait_for_checkpoint: bool = False) -> bool:
@@ -256,7 +255,7 @@ class Checkpoints:
             assert executor is not None
             await self._ready_pool.release(executor)
             await self._leases.release(session)
-        logger.info("session %r hibernated after call %d", session.session_id, session.saved_call)
+        logger.info("session %r hibernated after call %d", session.session_id, session.saved.call)
         return True
 
     async def make_room(self, coming: Session) -> None:
@@ -294,6 +293,6 @@ class Checkpoints:
             with anyio.move_on_after(self._timings.closing_save):
                 for session in list(self._sessions.values()):
                     async with session.lock:  # a checkpoint being taken is waited for, not skipped
-                        if session.live and session.calls != session.saved_call:
+                        if session.live and session.calls != session.saved.call:
                             await self._save(session)
         self._closing = True

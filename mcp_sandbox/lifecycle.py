@@ -74,6 +74,24 @@ TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
 }
 
 
+@dataclass(frozen=True)
+class Saved:
+    """What the store holds of a session: its state after `call` (0: none), less `lost` (what
+    the checkpoint could not carry; empty: the whole state)."""
+
+    call: int = 0
+    lost: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A checkpoint the backend or the store refused: why, in words for the caller (said once
+    rather than after every call), and at which call (asked again only once another ran)."""
+
+    reason: str
+    call: int
+
+
 @dataclass(eq=False)
 class Session:
     """One session: its state, its sandbox while it has one, and what the store holds of it.
@@ -84,18 +102,15 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     #: Calls that ran to an end in this session (its state is "after call `calls`").
     calls: int = 0
-    #: The call whose state the store holds (0: none).
-    saved_call: int = 0
+    #: What the store holds of it.
+    saved: Saved = field(default_factory=Saved)
     #: The call the store's record was last written with (-1: write it at the next call). The
     #: record needs writing only when it does not show the session past its checkpoint yet.
     recorded: int = -1
     #: Said in the session's next result: what happened to it in between (a checkpoint refused).
     notes: list[str] = field(default_factory=list)
-    #: Why its last checkpoint was refused, said once rather than after every call, and at which call.
-    refused: str | None = None
-    refused_call: int = 0
-    #: What the stored checkpoint could not carry (empty: the whole state).
-    saved_lost: tuple[str, ...] = ()
+    #: Its last checkpoint, refused since the store's copy was written (None: not refused).
+    refusal: Refusal | None = None
     #: This instance's right to run it (instances sharing a state folder); held while it is live.
     lease: Lease | None = None
     #: Another instance ran it and stopped without giving it up (named in what is said).

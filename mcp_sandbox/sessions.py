@@ -137,7 +137,7 @@ class SessionPool:
     def saved_call(self, session_id: str) -> int:
         """The call whose state the session's last checkpoint holds (0: none yet)."""
         session = self._sessions.get(session_id)
-        return session.saved_call if session is not None else 0
+        return session.saved.call if session is not None else 0
 
     async def run(
         self,

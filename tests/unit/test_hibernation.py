@@ -171,3 +171,39 @@ async def test_a_checkpoint_of_another_build_is_refused_with_a_note(
     assert back.session_lost and back.result == '["a2"]', back
     refused = "another sandbox build (fake-1; this server runs fake-2)"
     assert any(refused in note for note in back.notes), back.notes
+
+
+class RefusingExecutor(StatefulExecutor):
+    """Its checkpoints are refused, with a reason for the caller."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = anyio.Event()
+
+    async def checkpoint(self) -> Checkpoint | str:
+        self.refused.set()
+        return "it holds an open socket"
+
+
+async def test_a_refused_checkpoint_is_said_once_in_the_next_result(tmp_path: Path) -> None:
+    started: list[RefusingExecutor] = []
+
+    async def refusing() -> Executor:
+        started.append(RefusingExecutor())
+        return started[-1]
+
+    async with pool_of_sessions(tmp_path, start=refusing) as sessions:
+        await sessions.run("a1", timeout=1, session_id="a")
+        (executor,) = [executor for executor in started if executor.ran]
+        with anyio.fail_after(5):
+            await executor.refused.wait()
+        executor.refused = anyio.Event()
+        second = await sessions.run("a2", timeout=1, session_id="a")
+        assert second.notes == [
+            "the session's state after call 1 was not checkpointed: it holds an open socket"
+        ], second.notes
+        with anyio.fail_after(5):
+            await executor.refused.wait()
+        third = await sessions.run("a3", timeout=1, session_id="a")
+        assert not third.notes, "the same refusal is said once"
+        assert sessions.saved_call("a") == 0

@@ -61,7 +61,8 @@ def test_an_owner_that_ran_out_unnoticed_keeps_its_token(tmp_path: Path) -> None
 )
 def test_a_damaged_lease_file_is_no_lease(tmp_path: Path, content: bytes) -> None:
     store = make(tmp_path)
-    (path,) = [store._lease_path("s")]
+    store.acquire_lease("s", "instance-b", 30)
+    (path,) = (tmp_path / "leases").glob("*.lease")
     path.write_bytes(content)
     assert store.acquire_lease("s", "instance-a", 30).owner == "instance-a"
 
