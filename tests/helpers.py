@@ -17,6 +17,10 @@ import anyio.abc
 import pytest
 from mcp import Client, StdioServerParameters
 
+from mcp_sandbox.app import App
+from mcp_sandbox.server import build_server
+from mcp_sandbox.settings import Settings
+
 #: Settings every test server gets: small pool, quick kill after an ignored interrupt.
 TEST_ENV = {
     "MCP_SANDBOX_POOL_SIZE": "2",
@@ -31,6 +35,15 @@ TEST_ENV = {
 
 def server_params(**env: str) -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable, args=["-m", "mcp_sandbox"], env={**TEST_ENV, **env})
+
+
+@asynccontextmanager
+async def in_memory(**settings: Any) -> AsyncIterator[Client]:
+    """The MCP server in this process, reached through the real MCP client in memory: for what the
+    adapter does (schemas, descriptions, error mapping, bad input) no server process is needed."""
+    defaults: dict[str, Any] = {"pool_size": 2, "interrupt_grace": 1, "default_packages": ""}
+    async with App(Settings(**{**defaults, **settings})) as app, Client(build_server(app)) as client:
+        yield client
 
 
 async def call(client: Client, code: str, **arguments: Any) -> dict[str, Any]:

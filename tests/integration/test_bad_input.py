@@ -1,4 +1,4 @@
-"""Bad arguments get a clear MCP error, and the server keeps serving."""
+"""Bad arguments get a clear MCP error, and the server keeps serving (the MCP server in memory)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,14 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from tests.helpers import call, server_params
+from tests.helpers import call, in_memory
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
 async def client(anyio_backend: str) -> AsyncIterator[Client]:
-    limits = server_params(
-        MCP_SANDBOX_MAX_CODE_CHARS="2000", MCP_SANDBOX_MAX_SESSIONS="2", MCP_SANDBOX_POOL_SIZE="1"
-    )
-    async with Client(limits) as connected:
+    async with in_memory(max_code_chars=2000, max_sessions=2, pool_size=1) as connected:
         yield connected
 
 

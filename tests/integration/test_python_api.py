@@ -8,11 +8,10 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
 
 from mcp_sandbox import ExecutionResult, Sandbox
 from mcp_sandbox.errors import InvalidRequest
-from tests.helpers import server_params
+from tests.helpers import in_memory
 
 
 @pytest.mark.parametrize("backend", ["pyodide", "subprocess", "inprocess"])
@@ -61,8 +60,7 @@ async def test_every_adapter_refuses_bad_input_with_the_same_error(
         with pytest.raises(InvalidRequest) as raised:
             await sandbox.run(**arguments)
     assert complaint in str(raised.value)
-    server = server_params(MCP_SANDBOX_BACKEND="subprocess", MCP_SANDBOX_MAX_CODE_CHARS="10")
-    async with Client(server) as client:
+    async with in_memory(backend="subprocess", pool_size=0, max_code_chars=10) as client:
         response = await client.call_tool("execute_python", arguments)
     # The SDK puts its own prefix before a tool's error; the message itself is the App's.
     expected = f"Error executing tool execute_python: {raised.value}"
