@@ -269,7 +269,7 @@ class SessionPool:
 
     async def reset(self, session_id: str) -> bool:
         """Forget a session, stop its sandbox and delete its saved state; True if it existed.
-        A checkpoint being written meanwhile deletes what it wrote (see `_save`). Raises
+        A checkpoint being written meanwhile deletes what it wrote (`Checkpoints`). Raises
         SessionElsewhere when another instance runs the session."""
         await self._leases.take_for_reset(session_id)
         session = self._sessions.pop(session_id, None)

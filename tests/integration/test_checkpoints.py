@@ -22,7 +22,7 @@ from tests.helpers import call, http_server, process_tree, server_params, still_
 
 pytestmark = pytest.mark.anyio
 
-#: A checkpoint lands 2 s after a call (sessions.CHECKPOINT_QUIET), plus its own time: how long
+#: A checkpoint lands 2 s after a call (lifecycle.Timings.checkpoint_quiet), plus its own time: how long
 #: to wait where a refused checkpoint leaves nothing to wait for.
 SETTLE_S = 4.0
 MEMORY_MB = 256

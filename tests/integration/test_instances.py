@@ -26,7 +26,7 @@ pytestmark = pytest.mark.anyio
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
 LEASE_S = 3
-#: A checkpoint lands 2 s after a call (sessions.CHECKPOINT_QUIET), plus its own time.
+#: A checkpoint lands 2 s after a call (lifecycle.Timings.checkpoint_quiet), plus its own time.
 SETTLE_S = 30.0
 
 NGINX_CONFIG = """
