@@ -7,13 +7,21 @@ import json
 import os
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from mcp_sandbox import protocol
 from mcp_sandbox.backends.process import GUEST_MODULES
-from mcp_sandbox.guest import CappedText, Interpreter, jit_warm_up, run_json
+from mcp_sandbox.guest import (
+    CappedText,
+    Interpreter,
+    interrupted_json,
+    interrupted_outcome,
+    jit_warm_up,
+    run_json,
+)
 from mcp_sandbox.protocol import GuestOutcome, OutputLimits, cap_text
 
 NO_ARTIFACTS: OutputLimits = {"max_files": 0, "max_bytes": 0, "max_figures": 0}
@@ -49,9 +57,14 @@ def test_capped_text_keeps_head_and_tail_and_counts_the_cut() -> None:
 
 def test_capped_text_memory_stays_bounded_under_many_small_writes() -> None:
     stream = CappedText(100)
-    for index in range(100_000):
-        stream.write(str(index % 10))
-    assert sum(len(part) for part in stream._tail) <= 3 * 50
+    tracemalloc.start()
+    try:
+        for index in range(100_000):
+            stream.write(str(index % 10))
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 20_000, "100,000 writes kept would hold megabytes"
     assert stream.getvalue().endswith("6789")
 
 
@@ -60,7 +73,6 @@ def test_capped_text_keeps_the_start_whole_when_cut_up_to_its_keep_limit() -> No
     for _ in range(10):
         stream.write("0123456789")
     assert stream.kept() == {"text": "0123456789012345678901234", "total": 100}
-    assert sum(len(part) for part in stream._kept) == 25
     uncut = CappedText(10, keep=25)
     uncut.write("short")
     assert uncut.kept() is None, "nothing was cut, so the result has it all"
@@ -211,3 +223,32 @@ def test_the_guest_loads_from_source_in_the_protocol_order_as_runners_load_it(tm
     assert outcome["stdout"] == "hi\n" and outcome["error_type"] == "ToolError"
     # The runtime's own frames are left out of the traceback: the user's line is the last one.
     assert "mcp_sandbox" not in outcome["error"] and "tools.describe('x')" in outcome["error"]
+
+
+#: Installs the Pyodide worker's audit hook in this Python (hooks cannot be removed), rebinds the
+#: module's list of watched events as a program could, and prints what the hook reported.
+REACHING_PAST = """
+import ctypes, gc, json, sys
+from mcp_sandbox.guest import pyodide_worker
+reported = []
+pyodide_worker.report_reaching_past(reported.append)
+pyodide_worker.REACHING_PAST = ("nothing",)
+open("/dev/null").close()
+gc.get_objects()
+ctypes.CDLL(None)
+sys.settrace(None)
+print(json.dumps(sorted({event.split(".")[0] for event in reported})))
+"""
+
+
+def test_the_pyodide_workers_audit_hook_reports_reaching_past_whatever_the_module_holds() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", REACHING_PAST], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["ctypes", "gc", "sys"]
+
+
+def test_an_interrupt_outside_the_program_reads_as_the_cpython_runners_report_it() -> None:
+    assert json.loads(interrupted_json()) == interrupted_outcome(KeyboardInterrupt())
+    assert json.loads(interrupted_json())["error"] == "KeyboardInterrupt"
