@@ -4,7 +4,8 @@ Its modules, one concept each: `capture` (the program's stdout, stderr and stdin
 program compiled as a REPL cell, and its outcome), `tools` (the upstream tools as functions, and
 the channel to the host), `artifacts` (figures and output files), `interpreter` (a sandbox's
 Python state and its runs), `checkpoint` (a CPython session saved and restored), `readonly`
-(data/ kept read-only), `pyodide_worker` (what only worker.ts calls).
+(data/ kept read-only), `pyodide_worker` (the Pyodide worker's waits, audit hook and checkpoint
+check).
 
 Standard library and the protocol only: the runners load these modules from source (the ``init``
 message's ``guest_modules``, in the order of protocol.GUEST_MODULES) into Pyodide and CPython
