@@ -9,9 +9,12 @@ import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
 import { hookInstance, Killed } from "./instance.ts";
 import {
   type CheckpointedMessage,
+  type ControlAnswer,
+  type ControlRequest,
   DATA_DIR,
   GUEST_RUNTIME_MODULE,
   type GuestLimits,
+  INTERRUPT_SIGNAL,
   JIT_WARM_UP_IDLE_MS,
   JIT_WARM_UP_ROUNDS_AT_START,
   OUTPUT_DIR,
@@ -19,9 +22,6 @@ import {
   type RestoredMessage,
   type RunMessage,
   type RunnerMessage,
-  type ControlAnswer,
-  type ControlRequest,
-  INTERRUPT_SIGNAL,
   SIGNAL_INTERRUPT,
   SIGNAL_KILL,
   SYNC_LENGTH,
@@ -45,28 +45,91 @@ type PyCallable = ((...args: unknown[]) => unknown) & {
 };
 type PyModule = { [name: string]: PyCallable } & { destroy(): void };
 
-let pyodide: PyodideInterface;
-let interpreter: unknown;
-let runJson: PyCallable;
-let jitWarmUp: PyCallable;
-// A module function taking the channel, never `channel.deliver`: Pyodide caches the proxy of a bound
-// method in JavaScript, which neither a recycle nor a checkpoint's restore brings back with memory.
-let deliver: PyCallable;
-let channel: unknown; // the guest's ToolChannel, which each tool_result goes to through `deliver`
-// Pyodide's interrupt buffer and the kill flag (SIGNAL_INTERRUPT, SIGNAL_KILL; see protocol.py).
-let signals: Int32Array;
-let cancelRun: PyCallable;
-let noteTasks: PyCallable;
-let currentId: number | null = null;
-let clean: CleanState | null = null;
-// The runner's private channel for recycle, checkpoint and restore (module scope: out of reach).
-let control: MessagePort;
-// A program ran since the clean point (or the last recycle): a restore needs a clean sandbox.
-let ranSinceClean = false;
-// Names in the session's globals that hold JavaScript objects (a checkpoint's refusal names them).
-let jsHolders: PyCallable;
-// What a run reports when its interrupt lands in the runtime's own code (guest.interrupted_json).
-let interruptedOutcome: string;
+type PathSettings = Record<string, unknown>;
+
+// The worker's whole state. The fields `initial` leaves out are set by init, which is handled
+// before any other message; the rest change with runs, recycles, restores and the warm-up.
+type WorkerState = {
+  // -- Set by init, for the worker's life --
+  pyodide: PyodideInterface;
+  // The guest runtime's interpreter, and its entry points (module functions of the guest runtime).
+  interpreter: unknown;
+  runJson: PyCallable;
+  jitWarmUp: PyCallable;
+  cancelRun: PyCallable;
+  noteTasks: PyCallable;
+  // Names in the session's globals that hold JavaScript objects (a checkpoint's refusal names them).
+  jsHolders: PyCallable;
+  // A module function taking the channel, never `channel.deliver`: Pyodide caches the proxy of a bound
+  // method in JavaScript, which neither a recycle nor a checkpoint's restore brings back with memory.
+  // Unset before init: a tool_result then answers a call of the worker this one replaced.
+  deliver?: PyCallable;
+  channel: unknown; // the guest's ToolChannel, which each tool_result goes to through `deliver`
+  // What a run reports when its interrupt lands in the runtime's own code (guest.interrupted_json).
+  interruptedOutcome: string;
+  // Pyodide's interrupt buffer and the kill flag (SIGNAL_INTERRUPT, SIGNAL_KILL; see protocol.py).
+  signals: Int32Array;
+  // A blocking tool call's state and reply, shared with the main thread (blockOnToolCall).
+  syncState: Int32Array;
+  syncData: SharedArrayBuffer;
+  // The runner's private channel for recycle, checkpoint and restore (in this module: out of reach).
+  control: MessagePort;
+  // Each host path this worker knows, with its neutral name, the longest first (scrub).
+  hostPaths: [string, string][];
+  // Pyodide's settings, and those of them that hold a host path, real and neutral (withRealPaths).
+  pyodideSettings: PathSettings;
+  realPaths: PathSettings;
+  neutralPaths: PathSettings;
+  // The packages folder, with what finds a program's imports and sys.modules; null: no packages.
+  packagesDir: string | null;
+  findImports: PyCallable | null;
+  importedModules: { has(name: string): boolean } | null;
+
+  // -- The run in progress --
+  currentId: number | null;
+  // It awaits (parked between its awaits), and a waiter for an interrupt is armed (cancelOnInterrupt).
+  awaiting: boolean;
+  watchingInterrupts: boolean;
+
+  // -- The clean point --
+  clean: CleanState | null;
+  // A program ran since the clean point (or the last recycle): a restore needs a clean sandbox.
+  ranSinceClean: boolean;
+  // The wheels loaded from the packages folder, and those of them loaded before the clean point
+  // (a recycle goes back to them).
+  loadedWheels: Set<string>;
+  cleanWheels: Set<string>;
+
+  // -- Messages and the JIT warm-up --
+  // init, data and run are handled one after another, in order (enqueue).
+  queue: Promise<void>;
+  waiting: number; // messages queued or being handled
+  lastMessageAt: number; // when the last one was done: the warm-up waits for quiet
+  warmUpLeft: number; // rounds still to run (warmUpStep)
+};
+
+const initial: Partial<WorkerState> = {
+  hostPaths: [],
+  realPaths: {},
+  neutralPaths: {},
+  packagesDir: null,
+  findImports: null,
+  importedModules: null,
+  currentId: null,
+  awaiting: false,
+  watchingInterrupts: false,
+  clean: null,
+  ranSinceClean: false,
+  loadedWheels: new Set(),
+  cleanWheels: new Set(),
+  queue: Promise.resolve(),
+  waiting: 0,
+  lastMessageAt: 0,
+  warmUpLeft: 0,
+};
+// Without a prototype: what sandboxed code adds to Object.prototype is never read as the worker's state.
+const state = Object.assign(Object.create(null), initial) as WorkerState;
+
 const postToMain = self.postMessage.bind(self);
 // The control channel's answers are built and sent with the originals: a program may replace
 // JSON.stringify or MessagePort.prototype.postMessage, and must not be able to forge a verdict.
@@ -74,7 +137,7 @@ const stringify = JSON.stringify;
 const portPost = MessagePort.prototype.postMessage;
 
 function answer(reply: ControlAnswer | WorkerModule, transfer: Transferable[] = []): void {
-  portPost.call(control, reply, { transfer });
+  portPost.call(state.control, reply, { transfer });
 }
 
 function post(id: number | null, json: string, exiting = false, syncCall?: number): void {
@@ -88,29 +151,27 @@ function postRunnerMessage(id: number | null, message: RunnerMessage, exiting = 
 
 // A blocking tool call: post it, then sleep in Atomics.wait until the main thread has the
 // reply in shared memory (see runner.ts and protocol.py).
-let syncState: Int32Array;
-let syncData: SharedArrayBuffer;
 const decoder = new TextDecoder();
 
 function blockOnToolCall(call: number, message: string): string {
-  if (Atomics.load(signals, SIGNAL_INTERRUPT) !== 0) {
+  if (Atomics.load(state.signals, SIGNAL_INTERRUPT) !== 0) {
     // Interrupted already (the deadline passed inside C code): the call is never made.
-    signals[SIGNAL_INTERRUPT] = 0;
+    state.signals[SIGNAL_INTERRUPT] = 0;
     return REPLY_INTERRUPTED;
   }
-  Atomics.store(syncState, SYNC_STATE, SYNC_WAITING);
+  Atomics.store(state.syncState, SYNC_STATE, SYNC_WAITING);
   post(null, message, false, call);
-  Atomics.wait(syncState, SYNC_STATE, SYNC_WAITING);
-  if (Atomics.load(syncState, SYNC_STATE) !== SYNC_REPLY_READY) {
+  Atomics.wait(state.syncState, SYNC_STATE, SYNC_WAITING);
+  if (Atomics.load(state.syncState, SYNC_STATE) !== SYNC_REPLY_READY) {
     // The guest raises KeyboardInterrupt itself; a buffer left set would raise a second one
     // later, inside the runtime's own reporting.
-    signals[SIGNAL_INTERRUPT] = 0;
+    state.signals[SIGNAL_INTERRUPT] = 0;
     return REPLY_INTERRUPTED;
   }
-  const length = syncState[SYNC_LENGTH];
+  const length = state.syncState[SYNC_LENGTH];
   // TextDecoder refuses views of shared memory, so the reply is copied out first.
   const bytes = new Uint8Array(length);
-  bytes.set(new Uint8Array(syncData, 0, length));
+  bytes.set(new Uint8Array(state.syncData, 0, length));
   return decoder.decode(bytes);
 }
 
@@ -122,40 +183,38 @@ const now = performance.now.bind(performance);
 function waitInterruptibly(seconds: number): void {
   const deadline = now() + seconds * 1000;
   for (;;) {
-    if (Atomics.load(signals, SIGNAL_KILL) !== 0) return;
-    if (Atomics.load(signals, SIGNAL_INTERRUPT) !== 0) {
-      pyodide.checkInterrupt();
+    if (Atomics.load(state.signals, SIGNAL_KILL) !== 0) return;
+    if (Atomics.load(state.signals, SIGNAL_INTERRUPT) !== 0) {
+      state.pyodide.checkInterrupt();
       return;
     }
     const left = deadline - now();
     if (left <= 0) return;
-    Atomics.wait(signals, SIGNAL_INTERRUPT, 0, left);
+    Atomics.wait(state.signals, SIGNAL_INTERRUPT, 0, left);
   }
 }
 
 // An interrupt while the program awaits (top-level `await`, or asyncio.run) finds no Python running
 // to raise in: its tasks are cancelled instead. One waiter at a time, re-armed after it fires.
 const waitAsync = Atomics.waitAsync.bind(Atomics); // before guardRealm flags its use
-let awaiting = false;
-let watchingInterrupts = false;
 
 function cancelOnInterrupt(): void {
-  if (watchingInterrupts) return;
-  const waiter = waitAsync(signals, SIGNAL_INTERRUPT, 0);
+  if (state.watchingInterrupts) return;
+  const waiter = waitAsync(state.signals, SIGNAL_INTERRUPT, 0);
   const fired = () => {
-    watchingInterrupts = false;
-    if (!awaiting || Atomics.load(signals, SIGNAL_INTERRUPT) === 0) return;
+    state.watchingInterrupts = false;
+    if (!state.awaiting || Atomics.load(state.signals, SIGNAL_INTERRUPT) === 0) return;
     // KeyboardInterrupt comes from the cancellation, not from the buffer (which would raise it in
     // cancel_run itself); with nothing to cancel, the buffer keeps it for the next Python code.
-    signals[SIGNAL_INTERRUPT] = 0;
+    state.signals[SIGNAL_INTERRUPT] = 0;
     let cancelled = false;
     try {
-      cancelled = cancelRun() === true;
+      cancelled = state.cancelRun() === true;
     } finally {
-      if (!cancelled) Atomics.store(signals, SIGNAL_INTERRUPT, INTERRUPT_SIGNAL);
+      if (!cancelled) Atomics.store(state.signals, SIGNAL_INTERRUPT, INTERRUPT_SIGNAL);
     }
   };
-  watchingInterrupts = true;
+  state.watchingInterrupts = true;
   if (waiter.async) waiter.value.then(fired);
   else fired();
 }
@@ -170,7 +229,7 @@ function announceExit(target: object, name: string): void {
     writable: false,
     value: (...args: unknown[]) => {
       const message = `the sandbox called ${name}(${args.map(String).join(", ")})`;
-      postRunnerMessage(currentId, { type: "crashed", id: currentId, message }, true);
+      postRunnerMessage(state.currentId, { type: "crashed", id: state.currentId, message }, true);
       return original(...args);
     },
   });
@@ -184,43 +243,37 @@ guardRealm(["execPath"]);
 
 // Sandboxed code learns no host path. Each path this worker knows has a neutral name, which is
 // all that error texts, stack traces and Pyodide's own settings show.
-const hostPaths: [string, string][] = [];
 
 function scrub(text: string): string {
-  for (const [path, name] of hostPaths) text = text.replaceAll(path, name);
+  for (const [path, name] of state.hostPaths) text = text.replaceAll(path, name);
   return text;
 }
-
-type PathSettings = Record<string, unknown>;
-let pyodideSettings: PathSettings;
-const realPaths: PathSettings = {};
-const neutralPaths: PathSettings = {};
 
 // Pyodide reads its own folder's path from its settings when it loads a package: the real
 // paths are there only while this worker loads packages, before any program runs.
 async function withRealPaths<T>(load: () => Promise<T>): Promise<T> {
-  Object.assign(pyodideSettings, realPaths);
+  Object.assign(state.pyodideSettings, state.realPaths);
   try {
     return await load();
   } finally {
-    Object.assign(pyodideSettings, neutralPaths);
-    const loaded = pyodide.loadedPackages as Record<string, string>;
+    Object.assign(state.pyodideSettings, state.neutralPaths);
+    const loaded = state.pyodide.loadedPackages as Record<string, string>;
     for (const name of Object.keys(loaded)) loaded[name] = scrub(loaded[name]);
   }
 }
 
 function hideHostPaths(known: [string | undefined, string][]): void {
-  pyodideSettings = (pyodide as unknown as { _api: { config: PathSettings } })._api.config;
-  known.push([pyodideSettings.indexURL as string, "/pyodide"]);
-  for (const [path, name] of known) if (path) hostPaths.push([path.replace(/\/+$/, ""), name]);
-  hostPaths.sort((a, b) => b[0].length - a[0].length); // the longest path first, when one holds another
-  for (const [key, value] of Object.entries(pyodideSettings)) {
+  state.pyodideSettings = (state.pyodide as unknown as { _api: { config: PathSettings } })._api.config;
+  known.push([state.pyodideSettings.indexURL as string, "/pyodide"]);
+  for (const [path, name] of known) if (path) state.hostPaths.push([path.replace(/\/+$/, ""), name]);
+  state.hostPaths.sort((a, b) => b[0].length - a[0].length); // the longest path first, when one holds another
+  for (const [key, value] of Object.entries(state.pyodideSettings)) {
     if (typeof value === "string" && scrub(value) !== value) {
-      realPaths[key] = value;
-      neutralPaths[key] = scrub(value);
+      state.realPaths[key] = value;
+      state.neutralPaths[key] = scrub(value);
     }
   }
-  Object.assign(pyodideSettings, neutralPaths);
+  Object.assign(state.pyodideSettings, state.neutralPaths);
   const fixed = (target: object, name: string, value: unknown) =>
     Object.defineProperty(target, name, { configurable: false, writable: false, value });
   fixed(Deno, "execPath", () => {
@@ -243,7 +296,7 @@ function hideHostPaths(known: [string | undefined, string][]): void {
 const GUEST_DATA = `${HOME}/${DATA_DIR}`;
 
 function setFolderModes(folder: string, mode: number): void {
-  const FS = pyodide.FS;
+  const FS = state.pyodide.FS;
   FS.chmod(folder, mode);
   for (const name of FS.readdir(folder)) {
     if (name === "." || name === "..") continue;
@@ -253,7 +306,7 @@ function setFolderModes(folder: string, mode: number): void {
 }
 
 function applyData({ files, removed }: WorkerData): void {
-  const FS = pyodide.FS;
+  const FS = state.pyodide.FS;
   setFolderModes(GUEST_DATA, 0o755);
   try {
     for (const path of removed) {
@@ -271,17 +324,11 @@ function applyData({ files, removed }: WorkerData): void {
   } finally {
     setFolderModes(GUEST_DATA, 0o555);
   }
-  clean?.dataApplied();
+  state.clean?.dataApplied();
 }
 
 // Packages: imports of Pyodide's own packages (numpy, pandas, ...) and of wheels placed in the
 // packages folder load from that folder on demand; the sandbox has no network to fetch them.
-let packagesDir: string | null = null;
-let findImports: PyCallable | null = null;
-let importedModules: { has(name: string): boolean } | null = null; // sys.modules
-const loadedWheels = new Set<string>();
-// Those loaded before the clean point: a recycle goes back to them.
-let cleanWheels = new Set<string>();
 
 function normalize(name: string): string {
   return name.toLowerCase().replace(/[-_.]+/g, "_");
@@ -289,9 +336,9 @@ function normalize(name: string): string {
 
 function wheelsInFolder(): Map<string, string> {
   const wheels = new Map<string, string>();
-  for (const entry of readDirSync(packagesDir!)) {
+  for (const entry of readDirSync(state.packagesDir!)) {
     if (entry.isFile && entry.name.endsWith(".whl")) {
-      wheels.set(normalize(entry.name.split("-")[0]), `${packagesDir}/${entry.name}`);
+      wheels.set(normalize(entry.name.split("-")[0]), `${state.packagesDir}/${entry.name}`);
     }
   }
   return wheels;
@@ -302,7 +349,7 @@ const LOAD_FAILED = /^The following error occurred while loading (.+):$/;
 
 async function loadImports(code: string): Promise<string[]> {
   // Only an import statement can need a package: most programs skip the parse altogether.
-  if (packagesDir === null || !code.includes("import")) return [];
+  if (state.packagesDir === null || !code.includes("import")) return [];
   const problems: string[] = [];
   let loading = "";
   const onError = (text: string) => {
@@ -313,24 +360,24 @@ async function loadImports(code: string): Promise<string[]> {
   };
   const quiet = { messageCallback: () => {}, errorCallback: onError };
   try {
-    const found = findImports!(code) as { toJs(): string[]; destroy(): void };
+    const found = state.findImports!(code) as { toJs(): string[]; destroy(): void };
     const names = found.toJs();
     found.destroy();
     // A module the session has imported already needs no package.
-    if (names.every((name) => importedModules!.has(name.split(".")[0]))) return [];
-    await asTheWorker(() => withRealPaths(() => pyodide.loadPackagesFromImports(code, quiet)));
+    if (names.every((name) => state.importedModules!.has(name.split(".")[0]))) return [];
+    await asTheWorker(() => withRealPaths(() => state.pyodide.loadPackagesFromImports(code, quiet)));
     // Pyodide's own packages were loaded just above, by its lock file: loading their files again
     // as wheels would only earn a note ("URI mismatch ... already loaded").
-    const loaded = new Set(Object.keys(pyodide.loadedPackages).map(normalize));
+    const loaded = new Set(Object.keys(state.pyodide.loadedPackages).map(normalize));
     const wanted = names.map((name) => normalize(name.split(".")[0]))
-      .filter((n) => !loadedWheels.has(n) && !loaded.has(n));
+      .filter((n) => !state.loadedWheels.has(n) && !loaded.has(n));
     if (wanted.length) {
       const wheels = wheelsInFolder();
       for (const name of wanted) {
         const wheel = wheels.get(name);
         if (wheel === undefined) continue;
-        await asTheWorker(() => withRealPaths(() => pyodide.loadPackage(wheel, quiet)));
-        loadedWheels.add(name);
+        await asTheWorker(() => withRealPaths(() => state.pyodide.loadPackage(wheel, quiet)));
+        state.loadedWheels.add(name);
       }
     }
   } catch (error) {
@@ -342,9 +389,9 @@ async function loadImports(code: string): Promise<string[]> {
 // Installs the guest's modules (mcp_sandbox.protocol, then the guest runtime) from their source,
 // as the CPython worker's load_module does, calling Python's own types.ModuleType, compile and exec.
 function loadGuestModules(modules: [string, string][]): void {
-  const builtins = pyodide.pyimport("builtins");
-  const types = pyodide.pyimport("types");
-  const sys = pyodide.pyimport("sys");
+  const builtins = state.pyodide.pyimport("builtins");
+  const types = state.pyodide.pyimport("types");
+  const sys = state.pyodide.pyimport("sys");
   const loaded = sys.modules;
   for (const [name, source] of modules) {
     const module = types.ModuleType(name);
@@ -362,18 +409,18 @@ async function init(message: WorkerInit): Promise<void> {
   const started = performance.now();
   const { packagesDir: packages, snapshot } = message;
   const snapshotBytes = snapshot ? readFileSync(snapshot) : undefined;
-  signals = message.signals as Int32Array;
+  state.signals = message.signals as Int32Array;
   // Imported here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
   await import("pyodide/pyodide.asm.js");
   hookInstance({
     maxBytes: message.memoryMaxBytes,
-    signals,
+    signals: state.signals,
     module: message.module as WebAssembly.Module | undefined,
     compiled: (module) => {
       if (!message.module) answer({ module } satisfies WorkerModule);
     },
   });
-  pyodide = await loadPyodide({
+  state.pyodide = await loadPyodide({
     ...PYODIDE_OPTIONS,
     ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
     // Restoring the interpreter's memory skips most of the start-up (see snapshot.ts).
@@ -382,21 +429,21 @@ async function init(message: WorkerInit): Promise<void> {
   // Pyodide keeps a reference to its options: detaching the copied-in snapshot frees ~20 MB.
   snapshotBytes?.buffer.transfer(0);
   if (packages) {
-    packagesDir = packages;
-    findImports = pyodide.pyimport("pyodide.code").find_imports;
-    importedModules = pyodide.pyimport("sys").modules;
+    state.packagesDir = packages;
+    state.findImports = state.pyodide.pyimport("pyodide.code").find_imports;
+    state.importedModules = state.pyodide.pyimport("sys").modules;
     // Imported now, into the clean point, rather than by every recycled sandbox that installs a
     // package: its checkpoint would carry them too (what it imports of the standard library is
     // in the memory snapshot already, snapshot.ts).
-    pyodide.pyimport("pyodide._package_loader");
+    state.pyodide.pyimport("pyodide._package_loader");
   }
-  pyodide.FS.mkdirTree(`${HOME}/${OUTPUT_DIR}`);
-  pyodide.FS.mkdirTree(GUEST_DATA);
-  pyodide.FS.chdir(HOME);
-  pyodide.setInterruptBuffer(signals as unknown as Uint8Array);
+  state.pyodide.FS.mkdirTree(`${HOME}/${OUTPUT_DIR}`);
+  state.pyodide.FS.mkdirTree(GUEST_DATA);
+  state.pyodide.FS.chdir(HOME);
+  state.pyodide.setInterruptBuffer(state.signals as unknown as Uint8Array);
   // The runner's stdin carries the host's messages: neither Pyodide's stdin nor Deno's reads it,
   // nor Deno's internals (their `core.readSync(0, ...)` reads any open resource).
-  pyodide.setStdin({ error: true });
+  state.pyodide.setStdin({ error: true });
   const refuse = (what: string) => ({
     configurable: false,
     get() {
@@ -404,47 +451,48 @@ async function init(message: WorkerInit): Promise<void> {
     },
   });
   Object.defineProperty(Deno, "stdin", refuse("the sandbox has no stdin"));
-  Object.defineProperty(Deno, (Deno as unknown as { internal: symbol }).internal, refuse("Deno's internals are not the sandbox's"));
-  syncState = message.syncState as Int32Array;
-  syncData = message.syncData as SharedArrayBuffer;
+  const internal = (Deno as unknown as { internal: symbol }).internal;
+  Object.defineProperty(Deno, internal, refuse("Deno's internals are not the sandbox's"));
+  state.syncState = message.syncState as Int32Array;
+  state.syncData = message.syncData as SharedArrayBuffer;
   loadGuestModules(message.guest_modules);
-  const sys = pyodide.pyimport("sys");
+  const sys = state.pyodide.pyimport("sys");
   // Loaded under its dotted name without its parent packages, so it is found in sys.modules.
   const guest = sys.modules.get(GUEST_RUNTIME_MODULE) as PyModule;
   const sendToHost = (json: string) => post(null, json);
-  channel = guest.ToolChannel(sendToHost, blockOnToolCall);
-  deliver = guest.deliver;
-  const limits = pyodide.toPy(message.limits as GuestLimits);
+  state.channel = guest.ToolChannel(sendToHost, blockOnToolCall);
+  state.deliver = guest.deliver;
+  const limits = state.pyodide.toPy(message.limits as GuestLimits);
   // The host cannot read this sandbox's files: output files travel inline.
-  interpreter = guest.Interpreter(limits, channel, true);
+  state.interpreter = guest.Interpreter(limits, state.channel, true);
   limits.destroy();
-  runJson = guest.run_json;
-  cancelRun = guest.cancel_run;
-  noteTasks = guest.note_tasks;
+  state.runJson = guest.run_json;
+  state.cancelRun = guest.cancel_run;
+  state.noteTasks = guest.note_tasks;
   guest.install_waits(waitInterruptibly);
-  jitWarmUp = guest.jit_warm_up; // borrowed from the module's proxy, which therefore stays
+  state.jitWarmUp = guest.jit_warm_up; // borrowed from the module's proxy, which therefore stays
   // The first runs compile much of the runtime lazily (the first takes ~20 ms): do a few before
   // `ready`, in a throwaway interpreter, so a sandbox's first calls from the pool do not pay for it.
   // Every sandbox runs them, a replacement worker too: a checkpoint needs the same clean memory.
-  jitWarmUp(JIT_WARM_UP_ROUNDS_AT_START);
+  state.jitWarmUp(JIT_WARM_UP_ROUNDS_AT_START);
   hideHostPaths([
     [packages, "/packages"],
     [snapshot, "/snapshot"],
     [new URL(".", import.meta.url).pathname, "/runner"],
     [Deno.execPath(), "deno"],
   ]);
-  jsHolders = guest.js_holders;
-  interruptedOutcome = guest.interrupted_json() as string;
+  state.jsHolders = guest.js_holders;
+  state.interruptedOutcome = guest.interrupted_json() as string;
   const facade = limitPyodideModule(guest.forget_modules);
   // A program that reaches past what a recycle checks (ctypes, gc, tracing) taints the sandbox.
   guest.report_reaching_past((event: string) => taint(`it used ${event}`));
   const preloadFailed = await preload(message.preload ?? []);
   await settleMessagePorts();
-  clean = new CleanState(pyodide, GUEST_DATA, [facade]);
+  state.clean = new CleanState(state.pyodide, GUEST_DATA, [facade]);
   postRunnerMessage(null, {
     type: "ready",
     python: sys.version.split(" ")[0],
-    pyodide: pyodide.version,
+    pyodide: state.pyodide.version,
     load_ms: Math.round(performance.now() - started),
     ...(preloadFailed.length ? { preload_failed: preloadFailed } : {}),
   });
@@ -458,12 +506,12 @@ async function preload(names: string[]): Promise<string[]> {
     const module = normalize(name);
     const problems = await loadImports(`import ${module}`);
     try {
-      pyodide.pyimport(module).destroy();
+      state.pyodide.pyimport(module).destroy();
     } catch (error) {
       failed.push(`${name}: ${scrub([...problems, String(error).trim().split("\n").pop()].join("; "))}`);
     }
   }
-  cleanWheels = new Set(loadedWheels);
+  state.cleanWheels = new Set(state.loadedWheels);
   return failed;
 }
 
@@ -484,7 +532,7 @@ function settleMessagePorts(): Promise<void> {
 type CStack = { stackSave(): number; stackRestore(at: number): void };
 
 function runtime(): CStack {
-  return (pyodide as unknown as { _module: CStack })._module;
+  return (state.pyodide as unknown as { _module: CStack })._module;
 }
 
 // The run ends here, its worker to be replaced (the runner's renew): the kill flag's error reached
@@ -495,8 +543,8 @@ function postKilled(id: number): void {
 
 async function run(message: RunMessage): Promise<void> {
   const id = message.id;
-  currentId = id;
-  ranSinceClean = true;
+  state.currentId = id;
+  state.ranSinceClean = true;
   let outcome: unknown;
   let problems: string[] = [];
   try {
@@ -504,14 +552,14 @@ async function run(message: RunMessage): Promise<void> {
     // Called as a promising entrypoint, so the program may block on a coroutine through stack
     // switching: asyncio.run and loop.run_until_complete work as they do on CPython. Between its
     // awaits the program is parked, and an interrupt cancels its tasks (cancelOnInterrupt).
-    noteTasks();
-    awaiting = true;
+    state.noteTasks();
+    state.awaiting = true;
     cancelOnInterrupt();
     // A promising call leaves the C stack 16 bytes lower than it found it (Pyodide 0.29.3): put
     // back, or each run would shrink the stack, and no checkpoint would see Python at rest.
     const stack = runtime().stackSave();
     try {
-      outcome = await runJson.callPromising!(interpreter, message.code, message.tools);
+      outcome = await state.runJson.callPromising!(state.interpreter, message.code, message.tools);
       if (typeof outcome !== "string") {
         // A program with top-level `await` comes back as an awaitable.
         const awaitable = outcome as Promise<string> & { destroy?: () => void };
@@ -519,7 +567,7 @@ async function run(message: RunMessage): Promise<void> {
         awaitable.destroy?.();
       }
     } finally {
-      awaiting = false;
+      state.awaiting = false;
       runtime().stackRestore(stack);
     }
   } catch (error) {
@@ -530,14 +578,14 @@ async function run(message: RunMessage): Promise<void> {
     if ((error as { type?: unknown }).type === "KeyboardInterrupt") {
       // The deadline passed before the program began, so the interrupt landed in the runtime's
       // own code: the run was interrupted, as the CPython runners report it.
-      outcome = interruptedOutcome;
+      outcome = state.interruptedOutcome;
     } else {
       // The guest runtime catches every other Python exception: this is Pyodide itself failing.
       postRunnerMessage(id, { type: "crashed", id, message: String(error) }, true);
       return;
     }
   } finally {
-    currentId = null;
+    state.currentId = null;
   }
   if (problems.length) {
     const parsed = JSON.parse(outcome as string);
@@ -550,14 +598,14 @@ async function run(message: RunMessage): Promise<void> {
 // `import pyodide_js` gives only what Pyodide's own Python modules use, not the whole API: the
 // runtime's internals (the memory, the file system) stay out of programs' reach.
 function limitPyodideModule(forgetModules: PyCallable): object {
-  const api = (pyodide as unknown as { _api: Record<string, unknown> })._api;
+  const api = (state.pyodide as unknown as { _api: Record<string, unknown> })._api;
   const facade = {
     _api: { scheduleCallback: api.scheduleCallback, config: api.config, abortSignalAny: api.abortSignalAny },
-    loadedPackages: pyodide.loadedPackages,
-    version: pyodide.version,
+    loadedPackages: state.pyodide.loadedPackages,
+    version: state.pyodide.version,
   };
-  pyodide.unregisterJsModule("pyodide_js");
-  pyodide.registerJsModule("pyodide_js", facade);
+  state.pyodide.unregisterJsModule("pyodide_js");
+  state.pyodide.registerJsModule("pyodide_js", facade);
   forgetModules("pyodide_js");
   return facade;
 }
@@ -565,8 +613,10 @@ function limitPyodideModule(forgetModules: PyCallable): object {
 // Recycling (recycle.ts): back to the clean state, in idle time between two callers.
 function recycle(message: WorkerRecycle): void {
   const started = performance.now();
-  warmUpLeft = 0;
-  const outcome = clean === null ? { clean: false as const, reason: "it has no clean state" } : clean.recycle();
+  state.warmUpLeft = 0;
+  const outcome = state.clean === null
+    ? { clean: false as const, reason: "it has no clean state" }
+    : state.clean.recycle();
   const reply: WorkerRecycled = {
     type: "recycled",
     id: message.id,
@@ -576,10 +626,10 @@ function recycle(message: WorkerRecycle): void {
     dataLost: outcome.clean && outcome.dataLost,
   };
   if (outcome.clean) {
-    ranSinceClean = false;
+    state.ranSinceClean = false;
     // Their files and libraries are gone with the rest; the preloaded ones stay.
-    loadedWheels.clear();
-    for (const name of cleanWheels) loadedWheels.add(name);
+    state.loadedWheels.clear();
+    for (const name of state.cleanWheels) state.loadedWheels.add(name);
   }
   answer({ json: stringify(reply) });
 }
@@ -589,7 +639,7 @@ function recycle(message: WorkerRecycle): void {
 function checkpoint(message: WorkerCheckpoint): void {
   const started = performance.now();
   const holders = (): string[] => {
-    const names = jsHolders(interpreter) as { toJs(): string[]; destroy(): void };
+    const names = state.jsHolders(state.interpreter) as { toJs(): string[]; destroy(): void };
     try {
       return names.toJs();
     } finally {
@@ -598,7 +648,9 @@ function checkpoint(message: WorkerCheckpoint): void {
   };
   let outcome: ReturnType<typeof takeCheckpoint>;
   try {
-    outcome = clean === null ? { saved: false, reason: "the sandbox has no clean state" } : takeCheckpoint(clean, holders);
+    outcome = state.clean === null
+      ? { saved: false, reason: "the sandbox has no clean state" }
+      : takeCheckpoint(state.clean, holders);
   } catch (error) {
     outcome = { saved: false, reason: `the checkpoint failed: ${scrub(String(error))}` }; // answered, not left waiting
   }
@@ -618,19 +670,19 @@ function checkpoint(message: WorkerCheckpoint): void {
 
 function restore(message: WorkerRestore): void {
   const started = performance.now();
-  warmUpLeft = 0;
+  state.warmUpLeft = 0;
   let reason: string | null;
-  if (clean === null) reason = "the sandbox has no clean state";
-  else if (ranSinceClean) reason = "the sandbox has run a program since it was clean";
+  if (state.clean === null) reason = "the sandbox has no clean state";
+  else if (state.ranSinceClean) reason = "the sandbox has run a program since it was clean";
   else {
     try {
-      reason = restoreCheckpoint(clean, message.blob as Uint8Array);
+      reason = restoreCheckpoint(state.clean, message.blob as Uint8Array);
     } catch (error) {
       // Answered at once (the host closes a sandbox whose restore failed), not left to time out.
       reason = `the checkpoint could not be restored: ${scrub(String(error))}`;
     }
   }
-  if (reason === null) ranSinceClean = true;
+  if (reason === null) state.ranSinceClean = true;
   const reply: RestoredMessage = {
     type: "restored",
     id: message.id,
@@ -646,26 +698,23 @@ function restore(message: WorkerRestore): void {
 // Asked to, a sandbox spends idle time between calls running a sample program, one round per
 // task, and only once no message has come for a while: a caller sending calls back to back
 // never waits behind it.
-let warmUpLeft = 0;
-let waiting = 0;
-let lastMessageAt = 0;
 
 function warmUpStep(): void {
-  if (warmUpLeft <= 0) return;
-  const quiet = performance.now() - lastMessageAt;
-  if (waiting > 0 || quiet < JIT_WARM_UP_IDLE_MS) {
+  if (state.warmUpLeft <= 0) return;
+  const quiet = performance.now() - state.lastMessageAt;
+  if (state.waiting > 0 || quiet < JIT_WARM_UP_IDLE_MS) {
     hostSetTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS - Math.min(quiet, JIT_WARM_UP_IDLE_MS) + 1);
     return;
   }
   // Detached: an interrupt that arrives now is for the run queued behind this round.
-  pyodide.setInterruptBuffer(undefined as unknown as Uint8Array);
+  state.pyodide.setInterruptBuffer(undefined as unknown as Uint8Array);
   try {
-    jitWarmUp(1);
-    warmUpLeft -= 1;
+    state.jitWarmUp(1);
+    state.warmUpLeft -= 1;
   } catch {
-    warmUpLeft = 0; // a sandbox whose warm-up fails still serves calls, only slower
+    state.warmUpLeft = 0; // a sandbox whose warm-up fails still serves calls, only slower
   } finally {
-    pyodide.setInterruptBuffer(signals as unknown as Uint8Array);
+    state.pyodide.setInterruptBuffer(state.signals as unknown as Uint8Array);
   }
   hostSetTimeout(warmUpStep, 0);
 }
@@ -673,12 +722,11 @@ function warmUpStep(): void {
 // A kill that reaches this worker's event loop finds its program parked (awaiting): no signal check
 // will come, so the run ends here, and the runner replaces this worker.
 function kill(id: number): void {
-  if (currentId === id) postKilled(id);
+  if (state.currentId === id) postKilled(id);
 }
 
 // init, data and run are handled one after another, in order; a tool_result must not wait
 // behind the run that is waiting for it, so it is handled at once.
-let queue: Promise<void> = Promise.resolve();
 
 async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }> | ControlRequest): Promise<void> {
   switch (message.type) {
@@ -705,19 +753,19 @@ async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }> |
       restore(message);
       break;
     case "jit_warm_up":
-      if (warmUpLeft <= 0) hostSetTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS);
-      warmUpLeft = message.rounds;
+      if (state.warmUpLeft <= 0) hostSetTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS);
+      state.warmUpLeft = message.rounds;
       break;
   }
 }
 
 function enqueue(message: Exclude<WorkerMessage, { type: "tool_result" }> | ControlRequest): void {
-  waiting++;
-  queue = queue.then(() => handle(message)).catch((error) => {
+  state.waiting++;
+  state.queue = state.queue.then(() => handle(message)).catch((error) => {
     postRunnerMessage(null, { type: "progress", line: `sandbox set-up failed: ${error}` });
   }).finally(() => {
-    waiting--;
-    lastMessageAt = performance.now(); // quiet time counts from the end of the last run
+    state.waiting--;
+    state.lastMessageAt = performance.now(); // quiet time counts from the end of the last run
   });
 }
 
@@ -725,11 +773,11 @@ self.onmessage = (event: MessageEvent<WorkerMessage>) => {
   const message = event.data;
   if (message.type === "tool_result") {
     // Before init, it answers a call of the worker this one replaced: nobody is waiting for it.
-    if (deliver !== undefined) deliver(channel, message.call, message.reply);
+    if (state.deliver !== undefined) state.deliver(state.channel, message.call, message.reply);
   } else if (message.type === "init") {
     // Taken before any sandboxed code runs, and kept only here (see ControlRequest in protocol.py).
-    control = message.control;
-    control.onmessage = (request: MessageEvent<ControlRequest>) => {
+    state.control = message.control;
+    state.control.onmessage = (request: MessageEvent<ControlRequest>) => {
       if (request.data.type === "kill") kill(request.data.id);
       else enqueue(request.data);
     };
