@@ -256,15 +256,20 @@ async def test_calls_in_different_sessions_run_concurrently(client: Client) -> N
     await call(client, "1", session_id="busy")
     await call(client, "1", session_id="quick")
     finished: list[str] = []
+    running = anyio.Event()
+
+    async def reported(progress: float, total: float | None, message: str | None) -> None:
+        running.set()
 
     async def busy() -> None:
-        await call(
-            client, "import time\nend = time.time() + 3\nwhile time.time() < end: pass", session_id="busy"
-        )
+        code = "import time\nend = time.time() + 3\nwhile time.time() < end: pass"
+        arguments = {"code": code, "session_id": "busy"}
+        response = await client.call_tool("execute_python", arguments, progress_callback=reported)
+        assert not response.is_error, response.content
         finished.append("busy")
 
     async def quick() -> None:
-        await anyio.sleep(0.5)
+        await running.wait()  # the busy call's first progress report: it is running
         result = await call(client, "'done'", session_id="quick")
         assert result["result"] == "'done'"
         finished.append("quick")

@@ -9,6 +9,7 @@ than passes.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -56,9 +57,16 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-async def client(anyio_backend: str, world: World, packages: Path) -> AsyncIterator[Client]:
+def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the server keeps its sessions' checkpoints."""
+    return tmp_path_factory.mktemp("recycling-state")
+
+
+@pytest.fixture(scope="module")
+async def client(anyio_backend: str, world: World, packages: Path, state: Path) -> AsyncIterator[Client]:
     params = server_params(
         MCP_SANDBOX_BACKEND="pyodide",
+        MCP_SANDBOX_STATE_DIR=str(state),
         MCP_SANDBOX_POOL_SIZE="1",
         MCP_SANDBOX_DATA_DIR=str(world.data),
         MCP_SANDBOX_CACHE_DIR=str(Settings().cache_dir),
@@ -234,11 +242,14 @@ async def test_a_listener_cannot_forge_a_clean_recycle_or_see_the_next_caller(cl
     assert not any("VICTIM-MARKER" in str(probe.get("result")) for probe in probes), probes[-1].summary()
 
 
-async def test_a_taint_travels_with_its_checkpoint(client: Client) -> None:
+async def test_a_taint_travels_with_its_checkpoint(client: Client, state: Path) -> None:
     # gc.get_objects reaches every live object (a taint), and leaves the memory portable.
     _, tainted = await run_where(client, "import gc\nlen(gc.get_objects()) > 0", "carrier")
     assert tainted.get("success") is True, tainted.summary()
-    await anyio.sleep(4.0)  # its checkpoint, two seconds after the call
+    checkpoint = state / "sessions" / f"{hashlib.sha256(b'carrier').hexdigest()[:40]}.state"
+    with anyio.fail_after(30):  # its checkpoint, taken in idle time after the call
+        while not checkpoint.exists():
+            await anyio.sleep(0.05)
     crashed = await send(client, "import os\nos._exit(3)", "carrier")
     assert crashed.get("session_restored") is True, crashed.summary()
     holder, _ = await run_where(client, "1", "carrier")  # the sandbox the checkpoint went into
