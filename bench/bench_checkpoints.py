@@ -33,6 +33,7 @@ import anyio
 from bench_clean_sandbox import cpu_seconds
 
 from mcp_sandbox import Sandbox
+from mcp_sandbox.backends.base import Checkpoint
 
 GAP_S = 3.0  # longer than the quiet time a checkpoint waits for, plus the checkpoint
 SPACED_CALLS = 25
@@ -82,7 +83,7 @@ async def checkpoint_sizes(state_dir: Path) -> dict[str, dict[str, float]]:
             began = time.perf_counter()
             saved = await executor.checkpoint()
             took = (time.perf_counter() - began) * 1000
-            assert not isinstance(saved, str), saved
+            assert isinstance(saved, Checkpoint), saved
             store = app.sessions._store
             assert store is not None
             from mcp_sandbox.store import SavedState

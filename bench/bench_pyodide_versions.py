@@ -43,7 +43,7 @@ from common import children
 from mcp import Client, StdioServerParameters
 
 import mcp_sandbox
-from mcp_sandbox.backends.base import Executor, ExecutorHooks, SandboxDied, no_progress
+from mcp_sandbox.backends.base import Executor, ExecutorHooks, NotDone, SandboxDied, no_progress
 from mcp_sandbox.backends.pyodide import (
     RUNNER_DIR,
     PyodideBackend,
@@ -158,8 +158,8 @@ async def checkpoint_and_restore(backend: PyodideBackend, code: str, check: str)
         report["checkpoint_ms"] = (time.perf_counter() - began) * 1000
     finally:
         await source.close()
-    if isinstance(saved, str):
-        return report | {"saved": False, "reason": saved}
+    if isinstance(saved, NotDone):
+        return report | {"saved": False, "reason": saved.reason}
     report |= {
         "saved": True,
         "raw_bytes": len(saved.payload),
@@ -172,7 +172,7 @@ async def checkpoint_and_restore(backend: PyodideBackend, code: str, check: str)
         report["restore_ms"] = (time.perf_counter() - began) * 1000
         report["restored"] = problem is None
         if problem is not None:
-            return report | {"reason": problem, "survived": False}
+            return report | {"reason": problem.reason, "survived": False}
         try:
             report["survived"] = await run_ok(target, check) == "True"
         except (RuntimeError, SandboxDied) as error:  # a restore that "worked" into a broken sandbox

@@ -12,7 +12,7 @@ from dataclasses import replace
 import anyio
 import anyio.abc
 
-from mcp_sandbox.backends.base import Backend, Executor, SandboxStartError
+from mcp_sandbox.backends.base import Backend, Executor, NotDone, SandboxStartError
 from mcp_sandbox.leases import Leases
 from mcp_sandbox.lifecycle import Refusal, Resumed, Saved, Session, SessionState, Timings, account
 from mcp_sandbox.pool import ReadyPool
@@ -123,20 +123,21 @@ class Checkpoints:
                 f"server runs {backend.build})"
             )
         executor = renewed if renewed is not None and renewed.alive else await self._ready_pool.acquire()
-        reason = await executor.restore(state.payload)
-        if reason is not None:
+        refused = await executor.restore(state.payload)
+        if refused is not None:
             await executor.close()  # half restored, perhaps: never reused
             # A pooled sandbox may have been used (recycled) in a way that rules it out: a new one.
+            first = refused
             try:
                 executor = await backend.start()
-                reason = await executor.restore(state.payload)
+                refused = await executor.restore(state.payload)
             except SandboxStartError as error:
-                reason = f"{reason}; and a new sandbox did not start: {error}"
+                refused = NotDone(f"{first.reason}; and a new sandbox did not start: {error}")
             else:
-                if reason is not None:
+                if refused is not None:
                     await executor.close()
-        if reason is not None:
-            return None, f"the session's checkpoint could not be restored ({reason})"
+        if refused is not None:
+            return None, f"the session's checkpoint could not be restored ({refused.reason})"
         session.to(SessionState.LIVE, executor)
         session.calls, session.saved, session.refusal = state.call, Saved(state.call, state.lost), None
         return state, None
@@ -216,12 +217,12 @@ class Checkpoints:
         if self._leases.on and lease is None:
             return False  # another instance may run it now: its checkpoint is the one to keep
         saved = await executor.checkpoint()
-        if not isinstance(saved, str):
+        if not isinstance(saved, NotDone):
             state = SavedState(self._backend.name, self._backend.build, saved.payload, call, saved.lost)
             try:
                 await anyio.to_thread.run_sync(self._store.save, session.session_id, state, lease)
             except StoreError as error:
-                saved = str(error)
+                saved = NotDone(str(error))
             else:
                 if not self._open(session):
                     # Reset while it was being written: what was written belongs to nobody.
@@ -229,14 +230,16 @@ class Checkpoints:
                     return False
                 session.saved, session.refusal = Saved(call, saved.lost), None
                 return not saved.lost
-        if session.refusal is None or saved != session.refusal.reason:
+        if session.refusal is None or saved.reason != session.refusal.reason:
             kept = (
                 f" (a restore brings back its state after call {session.saved.call})"
                 if session.saved.call
                 else ""
             )
-            session.notes.append(f"the session's state after call {call} was not checkpointed{kept}: {saved}")
-        session.refusal = Refusal(saved, call)
+            session.notes.append(
+                f"the session's state after call {call} was not checkpointed{kept}: {saved.reason}"
+            )
+        session.refusal = Refusal(saved.reason, call)
         return False
 
     async def _hibernate(self, session: Session, *, wait_for_checkpoint: bool = False) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
-from mcp_sandbox.backends.base import Executor, SandboxStartError
+from mcp_sandbox.backends.base import Executor, NotDone, SandboxStartError
 from mcp_sandbox.errors import PoolUnavailable
 from mcp_sandbox.retry import Backoff
 
@@ -108,11 +108,11 @@ class ReadyPool:
         try:
             why_not = await executor.recycle()
         except Exception as error:  # noqa: BLE001 - a sandbox that fails to reset is replaced, never fatal
-            why_not = f"its reset failed: {error!r}"
+            why_not = NotDone(f"its reset failed: {error!r}")
         finally:
             self._coming_back -= 1
         if why_not is not None:
-            logger.info("a used %s sandbox was replaced, not recycled: %s", executor.backend, why_not)
+            logger.info("a used %s sandbox was replaced, not recycled: %s", executor.backend, why_not.reason)
             await self._discard(executor)
             return
         if self._closed:

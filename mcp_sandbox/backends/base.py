@@ -266,20 +266,20 @@ class Executor(ABC):
         (`reusable`); False when it cannot (the caller then closes it)."""
         return False
 
-    async def recycle(self) -> str | None:
+    async def recycle(self) -> NotDone | None:
         """Put the sandbox back into its clean state in place, between runs, so another caller can
         use it: None when done, else why it cannot be (the caller then closes it)."""
-        return f"{self.backend} sandboxes are not recycled"
+        return NotDone(f"{self.backend} sandboxes are not recycled")
 
-    async def checkpoint(self) -> Checkpoint | str:
+    async def checkpoint(self) -> Checkpoint | NotDone:
         """The interpreter's state between runs, as data another sandbox of this backend can
-        `restore`; or why it cannot be saved now, in words for the caller (what to do about it)."""
-        return f"{self.backend} sandboxes do not save their state"
+        `restore`; or why it cannot be saved now."""
+        return NotDone(f"{self.backend} sandboxes do not save their state")
 
-    async def restore(self, state: bytes) -> str | None:
+    async def restore(self, state: bytes) -> NotDone | None:
         """Put a checkpoint's state into this sandbox, which has run nothing since it started or
         was recycled: None when done, else why not (the caller then closes it)."""
-        return f"{self.backend} sandboxes do not restore saved state"
+        return NotDone(f"{self.backend} sandboxes do not restore saved state")
 
     async def jit_warm_up(self) -> None:  # noqa: B027 - optional: only a JIT-compiled runtime needs it
         """Use idle time to make the next calls faster; returns at once. Called for sandboxes

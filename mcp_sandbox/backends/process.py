@@ -302,23 +302,23 @@ class ProcessExecutor(Executor):
         except TimeoutError:
             return NotDone(f"the sandbox did not answer within {timeout:g} s")
 
-    async def checkpoint(self) -> Checkpoint | str:
+    async def checkpoint(self) -> Checkpoint | NotDone:
         name = f"checkpoint-{self._run_id + 1}"
         try:
             message = await self._between_runs(
                 {"type": "checkpoint", "id": 0, "file": name}, self.checkpoint_timeout
             )
             if isinstance(message, NotDone):
-                return message.reason
+                return message
             if not message["saved"]:
-                return message["reason"] or "the sandbox did not say why"
+                return NotDone(message["reason"] or "the sandbox did not say why")
             limit = self.limits.max_state_bytes
             try:
                 payload = await self._read_checkpoint(name, limit)
             except OSError as error:
-                return f"the checkpoint file could not be read: {error}"
+                return NotDone(f"the checkpoint file could not be read: {error}")
             if len(payload) > limit:
-                return f"the session's state is over {limit // MB} MB (MCP_SANDBOX_MAX_STATE_MB)"
+                return NotDone(f"the session's state is over {limit // MB} MB (MCP_SANDBOX_MAX_STATE_MB)")
         finally:
             await self._remove_checkpoint(name)
         logger.debug(
@@ -330,19 +330,19 @@ class ProcessExecutor(Executor):
         )
         return Checkpoint(payload, tuple(message["lost"]))
 
-    async def restore(self, state: bytes) -> str | None:
+    async def restore(self, state: bytes) -> NotDone | None:
         name = f"restore-{self._run_id + 1}"
         try:
             await self._hand_in_checkpoint(name, state)
         except OSError as error:
-            return f"the checkpoint could not be handed to the sandbox: {error}"
+            return NotDone(f"the checkpoint could not be handed to the sandbox: {error}")
         message = await self._between_runs(
             {"type": "restore", "id": 0, "file": name}, self.checkpoint_timeout
         )
         if isinstance(message, NotDone):
-            return message.reason
+            return message
         if not message["restored"]:
-            return message["reason"] or "the sandbox did not say why"
+            return NotDone(message["reason"] or "the sandbox did not say why")
         logger.debug("%s sandbox %d restored in %.1f ms", self.backend, self.pid, message["ms"])
         self._tools_version = -1  # the guest's `tools` are rebuilt from the catalog
         return None

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import anyio
 import pytest
 
-from mcp_sandbox.backends.base import Checkpoint, Executor
+from mcp_sandbox.backends.base import Checkpoint, Executor, NotDone
 from mcp_sandbox.lifecycle import WITH_SANDBOX, Timings
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.protocol import GuestOutcome
@@ -40,12 +40,12 @@ class StatefulExecutor(FakeExecutor):
         self.ran.append(self._code)
         return outcome(result=json.dumps(self.ran)) if done["success"] else done
 
-    async def checkpoint(self) -> Checkpoint | str:
+    async def checkpoint(self) -> Checkpoint | NotDone:
         await anyio.sleep(self.checkpoint_seconds)
         lost = ("a value that cannot be carried",) if "unsaveable" in self.ran else ()
         return Checkpoint(json.dumps(self.ran).encode(), lost)
 
-    async def restore(self, state: bytes) -> str | None:
+    async def restore(self, state: bytes) -> NotDone | None:
         self.ran = json.loads(state)
         return None
 
@@ -180,9 +180,9 @@ class RefusingExecutor(StatefulExecutor):
         super().__init__()
         self.refused = anyio.Event()
 
-    async def checkpoint(self) -> Checkpoint | str:
+    async def checkpoint(self) -> Checkpoint | NotDone:
         self.refused.set()
-        return "it holds an open socket"
+        return NotDone("it holds an open socket")
 
 
 async def test_a_refused_checkpoint_is_said_once_in_the_next_result(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from mcp_sandbox.backends.base import Executor, SandboxStartError
+from mcp_sandbox.backends.base import Executor, NotDone, SandboxStartError
 from mcp_sandbox.errors import PoolUnavailable, SessionLimitReached
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.sessions import SessionPool
@@ -33,7 +33,7 @@ async def test_pool_fills_to_its_size() -> None:
 
 
 class RecyclableExecutor(FakeExecutor):
-    async def recycle(self) -> str | None:
+    async def recycle(self) -> NotDone | None:
         return None
 
 

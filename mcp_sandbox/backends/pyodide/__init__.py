@@ -409,12 +409,12 @@ class PyodideExecutor(ProcessExecutor):
             with contextlib.suppress(SandboxDied):  # a dead sandbox is found out by its next call
                 await self._send({"type": "jit_warm_up", "rounds": self.jit_warm_up_rounds})
 
-    async def recycle(self) -> str | None:
+    async def recycle(self) -> NotDone | None:
         message = await self._between_runs({"type": "recycle", "id": 0}, RECYCLE_TIMEOUT)
         if isinstance(message, NotDone):
-            return message.reason
+            return message
         if not message["clean"]:
-            return message["reason"] or "it is not clean"
+            return NotDone(message["reason"] or "it is not clean")
         logger.debug("%s sandbox %d recycled in %.1f ms", self.backend, self.pid, message["ms"])
         self._tools_version = -1  # the guest's `tools` went with the rest of its state
         return None
