@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.soak]
 WORKERS = 8
 SESSIONS = 12
 #: Calls per backend, and the wall-clock bound on them.
-CALLS = {"pyodide": 900, "subprocess": 1100}
+CALLS = {"pyodide": 600, "subprocess": 700}
 TIME_LIMIT = 110.0
 #: The share of calls made without a session: each gets a clean sandbox (on pyodide, recycled).
 SESSIONLESS_SHARE = 0.25
