@@ -3,6 +3,7 @@ how a missing OS sandbox is reported."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -52,6 +54,16 @@ async def call(client: Client, code: str, **arguments: Any) -> dict[str, Any]:
     assert not response.is_error, response.content
     assert response.structured_content is not None
     return response.structured_content
+
+
+def state_name(session_id: str) -> str:
+    """What a session's files are called in a state folder (its state file, its lease)."""
+    return hashlib.sha256(session_id.encode()).hexdigest()[:40]
+
+
+def state_file(state_dir: Path, session_id: str) -> Path:
+    """Where a server started with MCP_SANDBOX_STATE_DIR=`state_dir` checkpoints `session_id`."""
+    return state_dir / "sessions" / f"{state_name(session_id)}.state"
 
 
 def needs_pyodide(backend: str, why: str) -> None:

@@ -5,7 +5,6 @@ server process, real Deno runner."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import signal
 import stat
@@ -18,7 +17,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.helpers import call, http_server, process_tree, server_params, still_running
+from tests.helpers import call, http_server, process_tree, server_params, state_file, still_running
 
 pytestmark = pytest.mark.anyio
 
@@ -57,10 +56,6 @@ async def client(anyio_backend: str, backend: str, state_dir: Path) -> AsyncIter
     )
     async with Client(params) as connected:
         yield connected
-
-
-def state_file(state_dir: Path, session_id: str) -> Path:
-    return state_dir / "sessions" / f"{hashlib.sha256(session_id.encode()).hexdigest()[:40]}.state"
 
 
 async def checkpointed(client: Client, code: str, session_id: str, state_dir: Path) -> dict[str, Any]:

@@ -5,7 +5,6 @@ session's last checkpoint. Real nginx, real server processes, real MCP client.""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.helpers import call, free_port, http_server, stop_process, wait_for_port
+from tests.helpers import call, free_port, http_server, state_file, state_name, stop_process, wait_for_port
 
 pytestmark = pytest.mark.anyio
 
@@ -87,18 +86,16 @@ async def nginx(root: Path, first: int, second: int) -> AsyncIterator[int]:
 
 def lease_holder(state: Path, session_id: str) -> int | None:
     """The pid of the instance whose lease on the session is on record (owner is host:pid:tag)."""
-    name = hashlib.sha256(session_id.encode()).hexdigest()[:40]
     try:
-        record = json.loads((state / "leases" / f"{name}.lease").read_text())
+        record = json.loads((state / "leases" / f"{state_name(session_id)}.lease").read_text())
     except (OSError, ValueError):
         return None
     return int(record["owner"].split(":")[1])
 
 
 async def saved(state: Path, session_id: str) -> None:
-    name = hashlib.sha256(session_id.encode()).hexdigest()[:40]
     with anyio.fail_after(SETTLE_S):
-        while not (state / "sessions" / f"{name}.state").exists():
+        while not state_file(state, session_id).exists():
             await anyio.sleep(0.2)
 
 

@@ -13,8 +13,8 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.helpers import call, http_server
-from tests.integration.test_checkpoints import CRASH, state_file
+from tests.helpers import call, http_server, state_file
+from tests.integration.test_checkpoints import CRASH
 from tests.native import MODULE, packages_folder_with_the_extension
 
 pytestmark = pytest.mark.anyio

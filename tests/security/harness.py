@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import re
@@ -42,7 +41,7 @@ from mcp_sandbox.backends.subprocess.confine import landlock_abi
 from mcp_sandbox.backends.subprocess.isolation import python_readable_by_anyone
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import DirectoryStore, SavedState
-from tests.helpers import TEST_ENV, free_port
+from tests.helpers import TEST_ENV, free_port, state_file
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = TEST_ENV["MCP_SANDBOX_TEST_SECRET"]
@@ -227,8 +226,7 @@ class World:
 
 
 def victim_state_path(world: World) -> Path:
-    (path,) = (world.state / "sessions").glob(f"{hashlib.sha256(b'victim').hexdigest()[:40]}.state")
-    return path
+    return state_file(world.state, "victim")
 
 
 @dataclass

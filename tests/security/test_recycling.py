@@ -9,7 +9,6 @@ than passes.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from mcp import Client
 
 from mcp_sandbox.settings import Settings
-from tests.helpers import server_params
+from tests.helpers import server_params, state_file
 from tests.native import MODULE, fetched_wheel, native_wheel
 from tests.security.harness import BLOCKED, Attack, NotSeenElsewhere, Reply, World, attack_host, send
 from tests.security.test_tables import ATTACKS
@@ -246,7 +245,7 @@ async def test_a_taint_travels_with_its_checkpoint(client: Client, state: Path) 
     # gc.get_objects reaches every live object (a taint), and leaves the memory portable.
     _, tainted = await run_where(client, "import gc\nlen(gc.get_objects()) > 0", "carrier")
     assert tainted.get("success") is True, tainted.summary()
-    checkpoint = state / "sessions" / f"{hashlib.sha256(b'carrier').hexdigest()[:40]}.state"
+    checkpoint = state_file(state, "carrier")
     with anyio.fail_after(30):  # its checkpoint, taken in idle time after the call
         while not checkpoint.exists():
             await anyio.sleep(0.05)
