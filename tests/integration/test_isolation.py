@@ -1,6 +1,6 @@
 """The subprocess backend's OS sandbox: which tier runs, what says so, and what still works in it.
 
-The attacks on each tier are in tests/security/test_red_team.py; these are the user's side: the
+The attacks on each tier are the red team's (tests/security/); these are the user's side: the
 tier is chosen at start and named in the log, `doctor` and the tool description; a tier that
 fails falls to the next; numpy, pandas, matplotlib, data/, output/, tools and timeouts work.
 Docker's default seccomp profile (no new namespaces) is imitated by tests/no_namespaces.py.
