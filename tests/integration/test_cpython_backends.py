@@ -15,31 +15,24 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module", params=["subprocess", "inprocess"])
-def cpython_backend(request: pytest.FixtureRequest) -> str:
+def backend(request: pytest.FixtureRequest) -> str:
+    """The CPython backends only; `client` is the conformance suite's (tests/integration/conftest.py)."""
     name: str = request.param
     return name
 
 
 @pytest.fixture(scope="module")
-async def client(anyio_backend: str, cpython_backend: str) -> AsyncIterator[Client]:
-    async with Client(server_params(MCP_SANDBOX_BACKEND=cpython_backend)) as connected:
-        yield connected
-
-
-@pytest.fixture(scope="module")
-async def strict_client(anyio_backend: str, cpython_backend: str) -> AsyncIterator[Client]:
-    params = server_params(MCP_SANDBOX_BACKEND=cpython_backend, MCP_SANDBOX_POLICY="strict")
+async def strict_client(anyio_backend: str, backend: str) -> AsyncIterator[Client]:
+    params = server_params(MCP_SANDBOX_BACKEND=backend, MCP_SANDBOX_POLICY="strict")
     async with Client(params) as connected:
         yield connected
 
 
-async def test_pandas_and_numpy_work_and_a_dataframe_reads_as_a_table(
-    client: Client, cpython_backend: str
-) -> None:
+async def test_pandas_and_numpy_work_and_a_dataframe_reads_as_a_table(client: Client, backend: str) -> None:
     code = "import numpy as np, pandas as pd\npd.DataFrame({'x': np.arange(3), 'y': ['a', 'b', 'c']})"
     result = await call(client, code)
     assert result["success"] is True, result
-    assert result["backend"] == cpython_backend
+    assert result["backend"] == backend
     assert result["result"].splitlines()[0].split() == ["x", "y"]
     assert "2  c" in result["result"]
 
