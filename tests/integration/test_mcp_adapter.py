@@ -1,4 +1,5 @@
-"""Bad arguments get a clear MCP error, and the server keeps serving (the MCP server in memory)."""
+"""The MCP adapter, with the MCP server in memory: the tools and their schemas, and bad arguments
+get a clear MCP error while the server keeps serving."""
 
 from __future__ import annotations
 
@@ -17,6 +18,28 @@ pytestmark = pytest.mark.anyio
 async def client(anyio_backend: str) -> AsyncIterator[Client]:
     async with in_memory(max_code_chars=2000, max_sessions=2, pool_size=1) as connected:
         yield connected
+
+
+async def test_tools_are_listed_with_an_output_schema(client: Client) -> None:
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(tools) >= {"execute_python", "reset_session"}
+    schema = tools["execute_python"].output_schema
+    assert schema is not None
+    for field in (
+        "success",
+        "stdout",
+        "stderr",
+        "result",
+        "error_type",
+        "error",
+        "duration_ms",
+        "backend",
+        "session_id",
+        "truncated",
+        "session_lost",
+    ):
+        assert field in schema["properties"], field
+    assert "session_id" in (tools["execute_python"].description or "")
 
 
 @pytest.mark.parametrize(
