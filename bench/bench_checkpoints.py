@@ -1,4 +1,4 @@
-"""Checkpoints (issue 17): what one costs, how big it is, and how fast a session comes back.
+"""Checkpoints: what one costs, how big it is, and how fast a session comes back.
 
 Run from the repository root:  .venv/bin/python bench/bench_checkpoints.py [--json PATH]
 

@@ -1,4 +1,4 @@
-"""A clean sandbox per caller (issue 16): session-less calls back to back, and a mixed load.
+"""A clean sandbox per caller: session-less calls back to back, and a mixed load.
 
 Run from the repository root:  .venv/bin/python bench/bench_clean_sandbox.py [--json PATH]
                                [--configs pyodide,pyodide-new-process,subprocess]
@@ -36,7 +36,7 @@ CONFIGS: dict[str, dict[str, str]] = {
     "pyodide-new-process": {"MCP_SANDBOX_BACKEND": "pyodide", "MCP_SANDBOX_RECYCLE": "false"},
     "subprocess": {"MCP_SANDBOX_BACKEND": "subprocess"},
 }
-#: Issue 16's settings: a pool of 8 on a 2-core machine.
+#: The measured settings: a pool of 8 on a 2-core machine.
 SERVER_ENV = {
     "MCP_SANDBOX_POOL_SIZE": "8",
     "MCP_SANDBOX_LOG_LEVEL": "WARNING",

@@ -1,4 +1,4 @@
-"""Faults that should cost neither the session nor the process (issue 25), through a real MCP client.
+"""Faults that should cost neither the session nor the process, through a real MCP client.
 
 Run from the repository root:  .venv/bin/python bench/bench_faults.py [--json PATH]
                                [--backends pyodide,subprocess]

@@ -1,4 +1,4 @@
-"""Pyodide versions (issue 18): the figures a move to another Pyodide turns on, for the one this
+"""Pyodide versions: the figures a move to another Pyodide turns on, for the one this
 checkout pins in mcp_sandbox/backends/pyodide/deno.json.
 
 Run from the repository root, once per checkout, each version with its own cache folder:

@@ -1,4 +1,4 @@
-"""Code mode's cost to an agent (issue 18): the tokens an agent reads to use an upstream's tools
+"""Code mode's cost to an agent: the tokens an agent reads to use an upstream's tools
 directly, against through mcp-sandbox (its tool listing plus one search answer).
 
 Run from the repository root:  .venv/bin/python bench/bench_tokens.py [--json PATH]

@@ -1,4 +1,4 @@
-// Issue 16's first candidate, measured: resetting a live Pyodide to a clean state in place,
+// A candidate for clean sandboxes, measured: resetting a live Pyodide to a clean state in place,
 // instead of loading a new one. What the copy-back costs, and what it does and does not undo.
 //
 //   DENO_DIR=~/.cache/mcp-sandbox/deno .venv/bin/deno run --cached-only --allow-read \

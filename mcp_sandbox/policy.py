@@ -1,6 +1,6 @@
 """The strict code policy (`MCP_SANDBOX_POLICY=strict`): an AST check before code runs.
 
-Seed 001's guard, tightened: imports outside an allowlist, escape-hatch builtins named in any
+Imports outside an allowlist, escape-hatch builtins named in any
 way (not only called), and dunder or frame attributes are rejected with a reason. It is
 defense in depth for the CPython backends and not a boundary: Python offers too many ways
 around any syntactic check (format strings, library functions that read files or unpickle).

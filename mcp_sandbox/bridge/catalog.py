@@ -1,6 +1,6 @@
 """The upstream tools as sandboxed code sees them: Python names, signatures, docstrings, search.
 
-Naming rule (documented in the README): every character that cannot appear in a Python
+Naming rule (documented in docs/bridge.md): every character that cannot appear in a Python
 identifier becomes `_`; a name that starts with a digit gets a leading `_`; a keyword gets a
 trailing `_` (`class` -> `class_`); a name already taken in the same place gets `_2`, `_3`, ...
 The rule applies to server names, tool names and parameter names alike.

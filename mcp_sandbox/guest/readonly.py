@@ -25,7 +25,7 @@ def protect_read_only(folder: str) -> None:
     """Refuse, from now on, every write to `folder` made through Python's file functions.
 
     An audit hook: it stops a program's mistakes and ordinary writes, not a determined one
-    (ctypes can make system calls directly). The CPython backends are not walls (see README).
+    (ctypes can make system calls directly). The CPython backends are not walls (see docs/security.md).
     """
     root = os.path.realpath(folder)
 

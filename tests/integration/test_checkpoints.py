@@ -1,4 +1,4 @@
-"""Sessions that outlive their sandbox (issue 17): checkpoints taken in idle time, and a session
+"""Sessions that outlive their sandbox: checkpoints taken in idle time, and a session
 brought back from its last one after a kill, a crash or a server restart. Real MCP client, real
 server process, real Deno runner."""
 
@@ -139,8 +139,9 @@ async def test_what_a_session_holds_survives(client: Client, backend: str, state
 async def test_a_session_whose_memory_grew_comes_back_whole(tmp_path: Path, backend: str) -> None:
     if backend != "pyodide":
         pytest.skip("pyodide: a restoring sandbox's memory must grow to the session's size first")
-    # 40 MB: past a clean Pyodide's whole memory (20 MB on 0.29, 30 MB on 314). Restoring it used to
-    # time out after 20 s and lose the session. Its own server: the module's has a 256 MB limit.
+    # 40 MB: past a clean Pyodide's whole memory (20 MB on 0.29, 30 MB on 314). A restore that does
+    # not grow the memory first times out after 20 s and loses the session. Its own server: the
+    # module's has a 256 MB limit.
     grow = (
         "import hashlib\nbig = bytearray(range(256)) * (40 * 4096)\ndigest = hashlib.sha256(big).hexdigest()"
     )

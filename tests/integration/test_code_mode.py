@@ -1,4 +1,4 @@
-"""Code mode that costs an agent almost nothing (issue 18), through a real MCP client against the
+"""Code mode that costs an agent almost nothing, through a real MCP client against the
 real server, bridging a real upstream of 100 realistic tools (tests/upstreams/many_server.py)
 that answers JSON as text, as most MCP servers do."""
 

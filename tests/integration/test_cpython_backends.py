@@ -75,7 +75,7 @@ async def test_strict_policy_lets_analysis_code_run(strict_client: Client) -> No
 
 
 async def test_strict_policy_is_not_a_boundary(strict_client: Client, tmp_path: Path) -> None:
-    # What the README says: allowed libraries still read files the policy never sees; the sandbox's
+    # What docs/security.md says: allowed libraries still read files the policy never sees; the sandbox's
     # limits hold, not this. (A file every tier lets Python read: its environment's own config.)
     config = Path(sys.prefix) / "pyvenv.cfg"
     if not config.is_file():

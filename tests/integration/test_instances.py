@@ -1,4 +1,4 @@
-"""Two instances behind a real nginx, sharing one state folder (issue 17): nginx routes each
+"""Two instances behind a real nginx, sharing one state folder: nginx routes each
 client by its Mcp-Session-Id; when the instance that runs a session is killed, the next call
 goes to the other one, which takes the session's lease once it runs out and restores the
 session's last checkpoint. Real nginx, real server processes, real MCP client."""

@@ -1,4 +1,4 @@
-"""Typed stubs (issue 18, part 4), through a real MCP client against the real server bridging the
+"""Typed stubs, through a real MCP client against the real server bridging the
 upstream of 100 realistic tools (tests/upstreams/many_server.py): search_tools(detail="stub"),
 tools.describe(...) inside the sandbox on every backend, and calls with wrong names refused
 before anything runs."""

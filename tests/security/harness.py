@@ -3,9 +3,9 @@
 Each `Attack` is a small program and a host-side check that proves it failed: a file under a
 pytest tmp dir that must not appear or change, a listener on 127.0.0.1 that must see nobody,
 the host secret that must not come back, a forged result that must not be believed. After every
-attack the server must still answer `'alive'`. `expected` says, per backend, what the README
+attack the server must still answer `'alive'`. `expected` says, per backend, what docs/security.md
 promises: `Blocked`, `Contained` (a given error_type, and the server keeps serving),
-`NotProtected` (documented: run it and assert that it works, so the README stays true) or
+`NotProtected` (documented: run it and assert that it works, so the docs stay true) or
 `Skip` (not run: unsafe where it is not contained, or meaningless there).
 
 The attacks are in tables by category, one test module each (tests/security/test_*.py); the
@@ -149,16 +149,16 @@ TIMEOUT = contained("Timeout")
 MEMORY = Contained(MEMORY_ERRORS)
 JS_ONLY = Skip("pyodide only: JavaScript and Deno exist only there")
 SUBPROCESS_ONLY = Skip("rlimits are the subprocess backend's mechanism; pyodide and inprocess have none")
-README_SUBPROCESS = "README 'Security model' table: on subprocess, host files and programs are not protected"
-README_INPROCESS = "README 'Security model' table: inprocess isolates nothing (trusted code only)"
+README_SUBPROCESS = "docs/security.md table: on subprocess, host files and programs are not protected"
+README_INPROCESS = "docs/security.md table: inprocess isolates nothing (trusted code only)"
 SUBPROCESS_SHARES = NotProtected(README_SUBPROCESS)
 INPROCESS_SHARES = NotProtected(README_INPROCESS)
 SUBPROCESS_NETWORK = IfIsolated(
     isolated=BLOCKED,
-    shared=NotProtected("README 'Security model' table: subprocess network is not protected without unshare"),
+    shared=NotProtected("docs/security.md table: subprocess network is not protected without unshare"),
 )
 INPROCESS_UNSAFE = Skip(f"{README_INPROCESS}; running it would harm the test server itself")
-README_NONE = "README 'Security model' table: with isolation none a worker shares what its uid can reach"
+README_NONE = "docs/security.md table: with isolation none a worker shares what its uid can reach"
 #: With isolation none: host files and processes are as safe as the worker's uid makes them.
 READS_DECIDE = ByWorkerUid(
     server=NotProtected(README_NONE), own=BLOCKED, own_reading=NotProtected(README_NONE)
@@ -204,7 +204,7 @@ def pyodide_only(outcome: Outcome = BLOCKED) -> dict[str, Outcome]:
 SECCOMP_REFUSES = on(
     pyodide=BLOCKED,
     subprocess=BLOCKED,
-    unconfined=Skip("isolation none filters no system calls (README)"),
+    unconfined=Skip("isolation none filters no system calls (docs/security.md)"),
     inprocess=Skip(f"{README_INPROCESS}: it would be the server's own"),
 )
 
@@ -755,8 +755,8 @@ async def run_attack(attack: Attack, backend: str, client: Client, world: World,
             await send(client, host.render(attack.cleanup), session)
     if isinstance(expected, NotProtected):
         assert breach is not None, (
-            f"{attack.name} failed on {backend}, but the README says it is not protected ({expected.why}); "
-            f"update the README. Reply: {reply.summary()}"
+            f"{attack.name} failed on {backend}, but docs/security.md says it is not protected "
+            f"({expected.why}); update docs/security.md and the README's summary. Reply: {reply.summary()}"
         )
     else:
         assert breach is None, f"{attack.name} got through on {backend}: {breach}\nreply: {reply.summary()}"

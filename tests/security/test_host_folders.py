@@ -50,14 +50,12 @@ ATTACKS: list[Attack] = [
             pyodide=BLOCKED,
             subprocess=BLOCKED,  # data/ is a read-only bind (bubblewrap), read-only to Landlock
             unconfined=WRITES_DECIDE,
-            inprocess=NotProtected(
-                "README 'Data in, artifacts out': the audit hook stops mistakes, not ctypes"
-            ),
+            inprocess=NotProtected("docs/data-and-packages.md: the audit hook stops mistakes, not ctypes"),
         ),
         session="crash",
     ),
     Attack(
-        # README: "On pyodide, Deno may read that folder and nothing else of the host."
+        # docs/data-and-packages.md: the Pyodide worker may read only the Pyodide and packages folders.
         "data_folder_symlink_to_outside",
         "try:\n    import js\n    text = js.Deno.readTextFileSync('@DATA@/link.txt')\nexcept ImportError:\n"
         "    text = open('data/link.txt').read()\ntext",
@@ -65,7 +63,8 @@ ATTACKS: list[Attack] = [
         on(pyodide=BLOCKED, subprocess=BLOCKED, unconfined=READS_DECIDE, inprocess=INPROCESS_SHARES),
     ),
     Attack(
-        # README: files are "copied to MCP_SANDBOX_OUTPUT_DIR/<session_id>/"; ".." is a valid session id.
+        # docs/data-and-packages.md: files are "copied to MCP_SANDBOX_OUTPUT_DIR/<session_id>/"; ".." is
+        # a valid session id.
         "output_dir_escape_through_session_id",
         "open('output/rt-planted.txt', 'w').write('planted by the sandbox')",
         outside_output_absent("rt-planted.txt"),

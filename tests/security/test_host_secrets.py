@@ -131,7 +131,7 @@ ATTACKS: list[Attack] = [
         on(
             pyodide=BLOCKED,
             subprocess=NotProtected(
-                "README 'Security model' table: system information is not protected on subprocess"
+                "docs/security.md table: system information is not protected on subprocess"
             ),
             inprocess=INPROCESS_SHARES,
         ),
@@ -217,7 +217,9 @@ ATTACKS: list[Attack] = [
         on(
             pyodide=BLOCKED,
             subprocess=BLOCKED,
-            unconfined=Skip("isolation none filters no system calls: the kernel's settings decide (README)"),
+            unconfined=Skip(
+                "isolation none filters no system calls: the kernel's settings decide (docs/security.md)"
+            ),
             inprocess=INPROCESS_UNSAFE,
         ),
         session="crash",
@@ -252,7 +254,9 @@ ATTACKS: list[Attack] = [
                 "Emscripten's sockets are make-believe; Deno's permissions are the wall (deno_connect)"
             ),
             subprocess=BLOCKED,
-            unconfined=Skip("isolation none filters no system calls: the kernel's modules decide (README)"),
+            unconfined=Skip(
+                "isolation none filters no system calls: the kernel's modules decide (docs/security.md)"
+            ),
             inprocess=Skip(f"{README_INPROCESS}: the kernel's modules decide"),
         ),
     ),

@@ -158,9 +158,7 @@ ATTACKS: list[Attack] = [
         on(
             # The runner forwards a result only for the run in progress, so a timer cannot fake it.
             pyodide=BLOCKED,
-            subprocess=NotProtected(
-                "README 'Security model' table: a program faking its own session's results"
-            ),
+            subprocess=NotProtected("docs/security.md table: a program faking its own session's results"),
             inprocess=Skip(f"{README_INPROCESS}: there is no protocol to forge"),
         ),
         session="forge-next",

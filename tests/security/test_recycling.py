@@ -211,8 +211,8 @@ async def test_an_ended_session_is_recycled_clean(client: Client) -> None:
 
 
 #: A listener on the worker's own message channel that answers every request it sees with a
-#: forged "recycled, clean" (in the form the runner used to accept: a WorkerPost with the
-#: request's nonce) and keeps every program it is sent.
+#: forged "recycled, clean" (a WorkerPost with the request's nonce, a form the runner
+#: refuses) and keeps every program it is sent.
 FORGER = """
 _rt_js.eval('''
 globalThis.rtSeen = [];

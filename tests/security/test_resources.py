@@ -232,7 +232,9 @@ ATTACKS: list[Attack] = [
         on(
             pyodide=TIMEOUT,
             subprocess=TIMEOUT,
-            inprocess=Skip(f"{README_INPROCESS}: a C call holding the GIL stalls the whole server (README)"),
+            inprocess=Skip(
+                f"{README_INPROCESS}: a C call holding the GIL stalls the whole server (docs/backends.md)"
+            ),
         ),
         session="crash",
         timeout=1,

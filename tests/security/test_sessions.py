@@ -188,7 +188,7 @@ ATTACKS: list[Attack] = [
                 refusal_blocks=True,  # Landlock refuses the write outright
             ),
         ),
-        # README table: subprocess sessions have private working directories; with no isolation
+        # docs/security.md table: subprocess sessions have private working directories; with no isolation
         # they share the host's files, /tmp included.
         on(
             pyodide=BLOCKED,
@@ -220,7 +220,7 @@ ATTACKS: list[Attack] = [
             pyodide=BLOCKED,
             subprocess=BLOCKED,
             inprocess=NotProtected(
-                "README 'Data in, artifacts out': inprocess sessions share one working directory"
+                "docs/data-and-packages.md: inprocess sessions share one working directory"
             ),
         ),
         session="tainter",
@@ -284,7 +284,7 @@ ATTACKS: list[Attack] = [
         on(
             pyodide=BLOCKED,
             subprocess=BLOCKED,
-            inprocess=Skip("the in-process backend keeps no checkpoints (README, Checkpoints)"),
+            inprocess=Skip("the in-process backend keeps no checkpoints (docs/sessions.md)"),
         ),
         session="state-filler",
         timeout=20,

@@ -1,4 +1,4 @@
-"""An upstream with many realistic tools (issue 18): 10 services x 10 actions at 100 tools, more
+"""An upstream with many realistic tools: 10 services x 10 actions at 100 tools, more
 services past that; 5 parameters each, a one-sentence description, and JSON answered as text, as
 most real MCP servers answer.
 
