@@ -30,7 +30,7 @@ from mcp_sandbox.kept import KeptOutputs
 from mcp_sandbox.policy import policy_violation
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.result import ExecutionResult
-from mcp_sandbox.sessions import ProgressReport, SessionPool
+from mcp_sandbox.sessions import ProgressReport, Sessions
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import DirectoryStore
 from mcp_sandbox.version import __version__
@@ -107,7 +107,7 @@ class App:
         self._stack = AsyncExitStack()
         self._backend: Backend | None = None
         self._pool: ReadyPool | None = None
-        self._sessions: SessionPool | None = None
+        self._sessions: Sessions | None = None
         self.bridge: ToolBridge | None = None
         self.record = ExecutionRecord(settings.audit_log, settings.save_code)
         #: The whole of cut outputs, behind the links results carry.
@@ -123,7 +123,7 @@ class App:
         return self._backend
 
     @property
-    def sessions(self) -> SessionPool:
+    def sessions(self) -> Sessions:
         assert self._sessions is not None, "App is not started"
         return self._sessions
 
@@ -131,7 +131,7 @@ class App:
         store = self._open_store()  # first in, last out: removed after every task has ended
         task_group = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._stop, task_group)
-        sessions = SessionPool(self.settings, store)
+        sessions = Sessions(self.settings, store)
         try:
             if self.settings.bridge_config is not None or self._local is not None:
                 config = BridgeConfig()

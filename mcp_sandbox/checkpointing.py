@@ -17,7 +17,7 @@ from mcp_sandbox.leases import Leases
 from mcp_sandbox.lifecycle import Refusal, Resumed, Saved, Session, SessionState, Timings, account
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.settings import Settings
-from mcp_sandbox.store import DirectoryStore, LeaseLost, SavedState, StateUnusable, StoreError
+from mcp_sandbox.store import DirectoryStore, LeaseTaken, SavedState, StateUnusable, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def checkpoints_on(settings: Settings, store: DirectoryStore | None, backend: Ba
 
 
 class Checkpoints:
-    """Checkpoints, restores and hibernation of the sessions in `sessions` (a SessionPool's
+    """Checkpoints, restores and hibernation of the sessions in `sessions` (a Sessions's
     registry: a session no longer in it was reset, and what is written for it is deleted), when
     `checkpoints_on`; without, a lost session's result still says why it starts fresh."""
 
@@ -169,7 +169,7 @@ class Checkpoints:
             await anyio.to_thread.run_sync(
                 store.write_record, session.session_id, session.calls, self._instance, session.lease
             )
-        except LeaseLost:
+        except LeaseTaken:
             return ["another instance of this server took the session over during this call; run it again"]
         except StoreError as error:
             logger.warning("session %r: %s", session.session_id, error)

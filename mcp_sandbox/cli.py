@@ -34,10 +34,10 @@ from mcp_sandbox.doctor import (
     Check,
     check_settings,
     claude_desktop_config,
-    describe_validation_error,
     http_client_config,
     package_location,
     run_checks,
+    validation_message,
 )
 from mcp_sandbox.errors import Refused
 from mcp_sandbox.packages import PackageError, fetch_packages
@@ -340,7 +340,7 @@ def _settings(args: argparse.Namespace, flags: CliSettingsSource[Settings] | Non
             return Settings()
         settings = Settings(_cli_settings_source=flags(parsed_args=args))
     except ValidationError as error:
-        raise CliError(f"invalid setting: {describe_validation_error(error)}", RUN_IMPOSSIBLE) from None
+        raise CliError(f"invalid setting: {validation_message(error)}", RUN_IMPOSSIBLE) from None
     if args.command == "run":
         # One program: one sandbox, started when it is needed, and no other kept ready; no
         # packages fetched in the background either: the program ends long before a download.
@@ -384,7 +384,7 @@ def _dispatch(args: argparse.Namespace, flags: dict[str, CliSettingsSource[Setti
             # Through the model, so the flags are checked as the variables are.
             settings = Settings.model_validate({**settings.model_dump(exclude_unset=True), **update})
         except ValidationError as error:
-            raise CliError(f"invalid setting: {describe_validation_error(error)}") from None
+            raise CliError(f"invalid setting: {validation_message(error)}") from None
         anyio.run(fetch, settings, settings.default_package_names)
         return 0
     transport: Transport = getattr(args, "transport", "stdio")

@@ -43,7 +43,7 @@ class Check:
     fix: str = ""
 
 
-def describe_validation_error(error: ValidationError) -> str:
+def validation_message(error: ValidationError) -> str:
     """Which settings are wrong and why, on one line, by the names a user sets them with."""
     return "; ".join(
         f"MCP_SANDBOX_{'_'.join(map(str, problem['loc'])).upper()}: {problem['msg']}"
@@ -59,7 +59,7 @@ def check_settings(overrides: dict[str, Any]) -> tuple[Check, Settings | None]:
             Check(
                 "settings",
                 "failed",
-                describe_validation_error(error),
+                validation_message(error),
                 "correct or unset that variable (in the environment or .env)",
             ),
             None,
@@ -201,7 +201,7 @@ async def check_isolation(settings: Settings) -> Check:
         return Check("isolation", "failed", str(error)[:400], _ISOLATION_FIX)
     isolation = backend.isolation
     passed_over = "".join(f"; not {reason}" for reason in isolation.passed_over)
-    detail = f"subprocess workers run {isolation.describe()} (tier {isolation.tier}){passed_over}"
+    detail = f"subprocess workers run {isolation.summary()} (tier {isolation.tier}){passed_over}"
     if isolation.tier != "none":
         return Check("isolation", "ok", detail[:600])
     status: Status = "failed" if settings.require_isolation else "warning"

@@ -13,13 +13,13 @@ import anyio
 from mcp_sandbox.errors import SessionElsewhere
 from mcp_sandbox.lifecycle import Session, SessionState
 from mcp_sandbox.pool import ReadyPool
-from mcp_sandbox.store import DirectoryStore, LeaseHeld, LeaseLost, StoreError
+from mcp_sandbox.store import DirectoryStore, LeaseHeld, LeaseTaken, StoreError
 
 logger = logging.getLogger(__name__)
 
 
 class Leases:
-    """The leases of the sessions in `sessions` (a SessionPool's registry), held as `instance`
+    """The leases of the sessions in `sessions` (a Sessions's registry), held as `instance`
     for MCP_SANDBOX_LEASE_SECONDS at a time. Without a store there is nothing to share, and
     every method does nothing."""
 
@@ -119,7 +119,7 @@ class Leases:
                     continue
                 try:
                     renewed = await anyio.to_thread.run_sync(store.renew_lease, lease, seconds)
-                except LeaseLost:
+                except LeaseTaken:
                     logger.warning("session %r was taken over by another instance", session.session_id)
                     if session.lease is lease:
                         session.lease = None

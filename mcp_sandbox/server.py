@@ -151,18 +151,18 @@ def _is_text(mime: str) -> bool:
     return mime.startswith("text/") or mime in {"application/json", "application/xml", "application/x-yaml"}
 
 
-def describe_execute_python(app: App) -> str:
+def execute_python_description(app: App) -> str:
     s = app.settings
     return (
         "Run Python in a sandbox; returns stdout, stderr and the last expression's repr(); "
-        f"top-level await works. {app.backend.describe()} A session_id keeps variables between calls "
+        f"top-level await works. {app.backend.summary()} A session_id keeps variables between calls "
         f"(idle ones expire after {s.session_ttl:g} s; reset_session ends one). Timeout {s.timeout:g} s "
         f"(max {s.max_timeout:g} s via `timeout`). Output past {s.max_output_chars} characters is cut; "
-        "stdout_uri has it whole." + describe_bridge(app)
+        "stdout_uri has it whole." + bridge_description(app)
     )
 
 
-def describe_bridge(app: App) -> str:
+def bridge_description(app: App) -> str:
     """How to find and call the bridged tools, in the same few words however many there are: the
     tools themselves are found with search_tools, never listed here."""
     if app.bridge is None:
@@ -236,7 +236,7 @@ class SandboxServer(MCPServer):
                     else None,
                 }
                 | (
-                    {"description": describe_execute_python(self._app)}
+                    {"description": execute_python_description(self._app)}
                     if tool.name == "execute_python"
                     else {}
                 )
@@ -324,7 +324,7 @@ def build_server(app: App) -> MCPServer:
 
     server.add_tool(
         execute_python,
-        description=describe_execute_python(app),
+        description=execute_python_description(app),
         annotations=ToolAnnotations(title="Run Python", open_world_hint=False),
     )
     if app.bridge is not None:

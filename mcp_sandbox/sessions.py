@@ -54,7 +54,7 @@ class ProgressRelay:
                 return
 
 
-class SessionPool:
+class Sessions:
     """Runs code in sessions. Owns every executor that is handed out of the ready pool.
 
     A call without a session id gets a clean sandbox from the ready pool and gives it back

@@ -46,7 +46,7 @@ class StoreError(Exception):
     """A state could not be saved (disk full, over a cap); the message says which and what to do."""
 
 
-class LeaseLost(StoreError):
+class LeaseTaken(StoreError):
     """This instance's lease on a session ran out and another instance took it."""
 
 
@@ -178,7 +178,7 @@ class DirectoryStore:
 
     def save(self, session_id: str, state: SavedState, lease: Lease | None = None) -> int:
         """Write `state` in place of the session's last one; the bytes stored. Raises StoreError,
-        and LeaseLost when `lease` is no longer held (another instance runs the session now)."""
+        and LeaseTaken when `lease` is no longer held (another instance runs the session now)."""
         if len(state.payload) > self.max_session_bytes:
             raise StoreError(
                 f"the session's state is {len(state.payload) / 2**20:.1f} MB, over the "
@@ -216,7 +216,7 @@ class DirectoryStore:
                 file.flush()
                 os.fsync(file.fileno())
             self._put_in_place(partial, target, session_id, lease)
-        except LeaseLost:
+        except LeaseTaken:
             partial.unlink(missing_ok=True)
             raise
         except OSError as error:
@@ -266,7 +266,7 @@ class DirectoryStore:
     def write_record(self, session_id: str, call: int, owner: str, lease: Lease | None = None) -> None:
         """Record that the session's latest call is `call`, run by `owner`. Not synced to disk:
         it is there for the next process even when this one is killed (a power cut can lose it).
-        Raises StoreError, and LeaseLost when `lease` is no longer held."""
+        Raises StoreError, and LeaseTaken when `lease` is no longer held."""
         target = self._record_path(session_id)
         partial = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
         record = _Record(session_id=session_id, call=call, owner=owner).model_dump_json().encode()
@@ -287,7 +287,7 @@ class DirectoryStore:
             return
         with self._lease_lock():
             if not lease.same(self._read_lease(session_id)):
-                raise LeaseLost(f"session {session_id!r} is run by another instance now")
+                raise LeaseTaken(f"session {session_id!r} is run by another instance now")
             os.replace(partial, target)
 
     def read_record(self, session_id: str) -> SessionRecord | None:
@@ -405,12 +405,12 @@ class DirectoryStore:
             raise StoreError(f"the session's lease could not be taken: {error}") from error
 
     def renew_lease(self, lease: Lease, seconds: float) -> Lease:
-        """The same lease, running `seconds` from now. Raises LeaseLost when it is no longer
+        """The same lease, running `seconds` from now. Raises LeaseTaken when it is no longer
         held (it ran out and another instance took it), and StoreError."""
         try:
             with self._lease_lock():
                 if not lease.same(self._read_lease(lease.session_id)):
-                    raise LeaseLost(f"session {lease.session_id!r} is run by another instance now")
+                    raise LeaseTaken(f"session {lease.session_id!r} is run by another instance now")
                 renewed = Lease(lease.session_id, lease.owner, lease.token, time.time() + seconds)
                 self._write_lease(renewed)
                 return renewed

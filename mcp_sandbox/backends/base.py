@@ -431,7 +431,7 @@ class Backend(ABC):
         """A new sandbox, started and ready to run code. Raises SandboxStartError."""
 
     @abstractmethod
-    def describe(self) -> str:
+    def summary(self) -> str:
         """For the tool description: what the sandbox is and what it allows, and (one short
         sentence) what it can import."""
 

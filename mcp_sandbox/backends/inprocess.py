@@ -324,7 +324,7 @@ class InProcessBackend(HostPythonBackend):
         name = f"mcp-sandbox-inprocess-{next(self._numbers)}"
         return InProcessExecutor(self._limits, self._hooks, name, self.workdir)
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         return (
             f"Python {sys.version.split()[0]} runs inside the server's own process (the in-process "
             "backend, for trusted code only): it is not isolated from the host's files, network or "

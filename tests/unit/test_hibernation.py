@@ -1,4 +1,4 @@
-"""SessionPool's checkpoints, restores and hibernation, with fake executors whose state is the
+"""Sessions's checkpoints, restores and hibernation, with fake executors whose state is the
 list of programs they ran (the real backends: tests/integration/test_checkpoints.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from mcp_sandbox.backends.base import Checkpoint, Executor, NotDone
 from mcp_sandbox.lifecycle import WITH_SANDBOX, Timings
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.protocol import GuestOutcome
-from mcp_sandbox.sessions import SessionPool
+from mcp_sandbox.sessions import Sessions
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import DirectoryStore
 from tests.unit.fakes import FakeExecutor, outcome
@@ -73,15 +73,15 @@ async def pool_of_sessions(
     killed: bool = False,
     timings: Timings = QUICK,
     **overrides: Any,
-) -> AsyncIterator[SessionPool]:
-    """A SessionPool as a server has it, on the store in `tmp_path`/state (a restart: a second one
+) -> AsyncIterator[Sessions]:
+    """A Sessions as a server has it, on the store in `tmp_path`/state (a restart: a second one
     on it). `killed`: it ends as a SIGKILL ends it, with no closing checkpoint and its leases left."""
     options = {"interrupt_grace": 0.05, "max_sessions": 20, "hibernate_after": 0, **overrides}
     settings = Settings(**options)
     on = DirectoryStore(tmp_path / "state", max_session_bytes=2**20, max_total_bytes=2**24) if store else None
     async with anyio.create_task_group() as group:
         pool = ReadyPool(start, size=1, task_group=group, acquire_timeout=2)
-        sessions = SessionPool(settings, on, timings)
+        sessions = Sessions(settings, on, timings)
         sessions.attach(pool, FakeBackend(), group)  # type: ignore[arg-type]
         yield sessions
         if not killed:
@@ -90,7 +90,7 @@ async def pool_of_sessions(
         group.cancel_scope.cancel()
 
 
-def live(sessions: SessionPool) -> set[str]:
+def live(sessions: Sessions) -> set[str]:
     return {name for name in "abc" if sessions.state(name) in WITH_SANDBOX}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.store import DirectoryStore, LeaseHeld, LeaseLost, SavedState
+from mcp_sandbox.store import DirectoryStore, LeaseHeld, LeaseTaken, SavedState
 
 STATE = SavedState("pyodide", "build-1", b"state", call=1)
 
@@ -35,9 +35,9 @@ def test_a_lease_that_ran_out_is_taken_over_and_its_old_holder_learns_it(tmp_pat
     time.sleep(0.3)
     new = b.acquire_lease("s", "instance-b", 30)
     assert new.token != old.token
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseTaken):
         a.renew_lease(old, 30)
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseTaken):
         a.save("s", STATE, old)
     a.release_lease(old)  # not its lease any more: changes nothing
     with pytest.raises(LeaseHeld):

@@ -306,7 +306,7 @@ class NoteEveryImport(Backend):
     async def start(self) -> Executor:
         raise NotImplementedError
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         return ""
 
     def import_note(self, module: str) -> str | None:

@@ -1,4 +1,4 @@
-"""ReadyPool and SessionPool with fake executors: fairness, failures, state, expiry."""
+"""ReadyPool and Sessions with fake executors: fairness, failures, state, expiry."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from mcp_sandbox.backends.base import Executor, NotDone, SandboxStartError
 from mcp_sandbox.errors import PoolUnavailable, SessionLimitReached
 from mcp_sandbox.pool import ReadyPool
-from mcp_sandbox.sessions import SessionPool
+from mcp_sandbox.sessions import Sessions
 from mcp_sandbox.settings import Settings
 from tests.unit.fakes import FakeExecutor
 
@@ -120,7 +120,7 @@ def settings(**overrides: object) -> Settings:
 async def test_session_keeps_its_executor_and_one_off_calls_discard_theirs() -> None:
     async with anyio.create_task_group() as group:
         pool = ReadyPool(quick_start, size=1, task_group=group, acquire_timeout=1)
-        sessions = SessionPool(settings())
+        sessions = Sessions(settings())
         sessions.attach(pool)
         first = await sessions.run("1", timeout=1, session_id="s")
         second = await sessions.run("2", timeout=1, session_id="s")
@@ -134,7 +134,7 @@ async def test_session_keeps_its_executor_and_one_off_calls_discard_theirs() -> 
 async def test_a_lost_session_gets_a_new_sandbox() -> None:
     async with anyio.create_task_group() as group:
         pool = ReadyPool(lambda: _stubborn(), size=1, task_group=group, acquire_timeout=1)
-        sessions = SessionPool(settings())
+        sessions = Sessions(settings())
         sessions.attach(pool)
         lost = await sessions.run("hang", timeout=0.05, session_id="s")
         assert lost.session_lost
@@ -150,7 +150,7 @@ async def _stubborn() -> Executor:
 async def test_session_limit_and_expiry() -> None:
     async with anyio.create_task_group() as group:
         pool = ReadyPool(quick_start, size=1, task_group=group, acquire_timeout=1)
-        sessions = SessionPool(settings())
+        sessions = Sessions(settings())
         sessions.attach(pool)
         await sessions.run("1", timeout=1, session_id="a")
         await sessions.run("1", timeout=1, session_id="b")

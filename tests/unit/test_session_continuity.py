@@ -14,7 +14,7 @@ import pytest
 
 from mcp_sandbox.backends.base import Executor, SandboxDied
 from mcp_sandbox.lifecycle import Resumed, SessionState, account
-from mcp_sandbox.sessions import SessionPool
+from mcp_sandbox.sessions import Sessions
 from mcp_sandbox.store import SavedState
 from tests.unit.test_hibernation import QUICK, StatefulExecutor, pool_of_sessions
 
@@ -120,14 +120,14 @@ class Sandboxes:
 
 def server(
     tmp_path: Path, sandboxes: Sandboxes, *, store: bool = True, killed: bool = False, **overrides: Any
-) -> AbstractAsyncContextManager[SessionPool]:
-    """A server's SessionPool on the store in `tmp_path`, whose leases run out in a second."""
+) -> AbstractAsyncContextManager[Sessions]:
+    """A server's Sessions on the store in `tmp_path`, whose leases run out in a second."""
     return pool_of_sessions(
         tmp_path, start=sandboxes.start, store=store, killed=killed, **{"lease_seconds": 1, **overrides}
     )
 
 
-async def settled(sessions: SessionPool, session_id: str, call: int) -> None:
+async def settled(sessions: Sessions, session_id: str, call: int) -> None:
     with anyio.fail_after(5):
         while sessions.saved_call(session_id) != call:
             await anyio.sleep(0.01)

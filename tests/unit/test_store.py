@@ -13,7 +13,7 @@ from mcp_sandbox import store as store_module
 from mcp_sandbox.store import (
     MAGIC,
     DirectoryStore,
-    LeaseLost,
+    LeaseTaken,
     SavedState,
     SessionRecord,
     StateUnusable,
@@ -167,6 +167,6 @@ def test_a_record_is_written_only_under_the_lease_it_names(tmp_path: Path) -> No
     store.write_record("s", 1, "one", lease)
     store.release_lease(lease)
     store.acquire_lease("s", "two", 30)
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseTaken):
         store.write_record("s", 2, "one", lease)
     assert store.read_record("s") == SessionRecord(1, "one")

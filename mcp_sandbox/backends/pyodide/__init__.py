@@ -351,7 +351,7 @@ class PyodideBackend(Backend):
             memory_limit=watchdog_limit(settings.memory_mb),
         )
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         return (
             f"Pyodide {self._version} (WebAssembly, in Deno): no host files or environment; "
             f"{self._network()}. {self._importable()}"

@@ -124,7 +124,7 @@ class SubprocessBackend(HostPythonBackend):
         log(
             "subprocess backend: isolation %s: each worker runs %s",
             self.isolation.tier,
-            self.isolation.describe(),
+            self.isolation.summary(),
         )
 
     async def _try_tier(self, tier: str, uids: WorkerUids | None) -> str | None:
@@ -269,11 +269,11 @@ class SubprocessBackend(HostPythonBackend):
             pickler = "pickle"
         return f"subprocess-python-{sys.version.split()[0]}-{pickler}"
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         return (
             f"Python {sys.version.split()[0]} runs in a separate CPython process, limited to "
             f"{self._settings.memory_mb} MB of memory, with an empty environment and a private working "
-            f"directory, {self.isolation.describe()}. {host_importable()}"
+            f"directory, {self.isolation.summary()}. {host_importable()}"
         )
 
 

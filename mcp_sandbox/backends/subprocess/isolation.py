@@ -257,7 +257,7 @@ class Isolation:
     #: Workers under their own uid keep CAP_DAC_READ_SEARCH (to load a Python only root can read).
     read_anything: bool = False
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         """One clause for the tool description, true for this tier."""
         own_uid = ", under a uid of its own" if self.uids is not None else ""
         if self.tier == "bubblewrap":
