@@ -4,16 +4,18 @@ here), the real server process, a real MCP client, on every backend."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.helpers import call, free_port, server_params
+from tests.helpers import call, free_port, server_params, stop_process, wait_for_port
 from tests.upstreams.calc_server import app as calc_app
 
 pytestmark = pytest.mark.anyio
@@ -33,32 +35,31 @@ def stdio_upstream(marker: str) -> dict[str, object]:
     }
 
 
-def start_upstream(mode: str) -> tuple[subprocess.Popen[bytes], int]:
+async def start_upstream(mode: str) -> tuple[anyio.abc.Process, int]:
     port = free_port()
-    process = subprocess.Popen(
+    process = await anyio.open_process(
         [sys.executable, "-m", "tests.upstreams.calc_server", mode, str(port)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    anyio.run(_wait_http, port, process)
+    await wait_for_port(port, process, limit=30)
     return process, port
 
 
 @pytest.fixture(scope="module")
-def http_upstreams() -> Iterator[tuple[str, str]]:
+async def http_upstreams() -> AsyncIterator[tuple[str, str]]:
     """A streamable HTTP upstream and an SSE one, on 127.0.0.1."""
-    started: list[subprocess.Popen[bytes]] = []
+    started: list[anyio.abc.Process] = []
     try:
-        http, http_port = start_upstream("http")
+        http, http_port = await start_upstream("http")
         started.append(http)
-        sse, sse_port = start_upstream("sse")
+        sse, sse_port = await start_upstream("sse")
         started.append(sse)
         yield f"http://127.0.0.1:{http_port}/mcp", f"http://127.0.0.1:{sse_port}/sse"
     finally:
         for process in started:
-            process.kill()
-            process.wait(10)
+            await stop_process(process, signal.SIGKILL)
 
 
 async def _wait_http(port: int, process: subprocess.Popen[bytes]) -> None:

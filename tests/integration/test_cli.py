@@ -12,7 +12,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
@@ -265,7 +264,8 @@ async def calc_tool_count() -> int:
         return len((await client.list_tools()).tools)
 
 
-def test_doctor_checks_everything_and_prints_a_claude_desktop_config(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_doctor_checks_everything_and_prints_a_claude_desktop_config(tmp_path: Path) -> None:
     config = tmp_path / "upstreams.json"
     config.write_text(json.dumps({"mcpServers": {"calc": CALC_UPSTREAM}}), encoding="utf-8")
     done = cli("doctor", cwd=tmp_path, MCP_SANDBOX_BRIDGE_CONFIG=str(config))
@@ -278,7 +278,7 @@ def test_doctor_checks_everything_and_prints_a_claude_desktop_config(tmp_path: P
     for name in ("Pyodide", "pyodide backend", "isolation", "packages folder"):
         assert check_line(output, name)[0] in "✓!", output
     assert "trusted code only" in check_line(output, "inprocess backend")[1]
-    expected = anyio.run(calc_tool_count)
+    expected = await calc_tool_count()
     assert check_line(output, "upstream calc") == (
         "✓",
         f"reachable, {expected} tools ({sys.executable} -m tests.upstreams.calc_server)",
