@@ -7,7 +7,9 @@ import { PYODIDE_OPTIONS } from "./options.ts";
 const pyodide = await loadPyodide({ ...PYODIDE_OPTIONS, _makeSnapshot: true });
 // What installing a package imports, done once here rather than at each sandbox's start, or by each
 // session that loads a package (its checkpoint would carry them: megabytes of pages).
-pyodide.runPython("import importlib.metadata, email.message, tarfile, zipfile, encodings.cp437");
+for (const name of ["importlib.metadata", "email.message", "tarfile", "zipfile", "encodings.cp437"]) {
+  pyodide.pyimport(name).destroy();
+}
 const snapshot = pyodide.makeMemorySnapshot();
 Deno.writeFileSync(Deno.args[0], snapshot);
 // Pyodide 314 restores a snapshot only into its initial memory (30 MB), and a larger one fails with
