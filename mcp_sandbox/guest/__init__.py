@@ -26,6 +26,7 @@ from mcp_sandbox.guest.interpreter import (
 from mcp_sandbox.guest.program import Program, interrupted_outcome
 from mcp_sandbox.guest.pyodide_worker import (
     forget_modules,
+    install_interrupt_handlers,
     install_waits,
     interrupted_json,
     js_holders,
@@ -44,6 +45,7 @@ __all__ = [
     "cancel_run",
     "deliver",
     "forget_modules",
+    "install_interrupt_handlers",
     "install_waits",
     "interrupted_json",
     "interrupted_outcome",

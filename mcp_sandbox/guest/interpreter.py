@@ -147,6 +147,21 @@ def note_tasks() -> None:
     _earlier_tasks = _pending_tasks()
 
 
+def on_interrupt(signum: int, frame: Any) -> None:
+    """(Pyodide) The SIGINT handler. An interrupt lands in whatever Python runs first: when that is
+    a task an earlier run left (a ticker), it cancels this run's tasks instead, and the task runs
+    on; anywhere else it is the program's KeyboardInterrupt, as on CPython."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is not None and _earlier_tasks:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None  # no event loop: the program's own code
+        if task is not None and task in _earlier_tasks and cancel_run():
+            return
+    raise KeyboardInterrupt
+
+
 def cancel_run() -> bool:
     """(Pyodide) The run was interrupted while its program awaited (a top-level `await`, or
     asyncio.run blocked through stack switching): cancel the tasks it started, so it ends with

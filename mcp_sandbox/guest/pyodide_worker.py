@@ -5,6 +5,7 @@ of an interrupt that lands outside the program."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from json import dumps
 from typing import Any
 
-from mcp_sandbox.guest.interpreter import Interpreter
+from mcp_sandbox.guest.interpreter import Interpreter, cancel_run, on_interrupt
 from mcp_sandbox.guest.program import interrupted_outcome
 
 #: Audit events of a program reaching past what a recycle checks: raw memory and C calls (ctypes),
@@ -74,6 +75,23 @@ def install_waits(wait: Callable[[float], None]) -> None:
     time.sleep = sleep
     select.select = select_files
     threading._allocate_lock = SleepingLock  # type: ignore[attr-defined]
+
+
+def install_interrupt_handlers() -> None:
+    """Route the interrupt buffer's SIGINT through `on_interrupt`, so an interrupt that lands in an
+    earlier run's task stops this run, not that task. And stop the run, not the worker, when a
+    KeyboardInterrupt or SystemExit escapes a task: Pyodide's event loop hands it to JavaScript,
+    where it would end the worker, unless the loop has a handler for it."""
+    import asyncio
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    loop: Any = asyncio.get_event_loop()
+    loop._keyboard_interrupt_handler = _stop_the_run
+    loop._system_exit_handler = lambda code: _stop_the_run()
+
+
+def _stop_the_run() -> None:
+    cancel_run()
 
 
 def report_reaching_past(report: Callable[[str], None]) -> None:

@@ -470,6 +470,7 @@ async function init(message: WorkerInit): Promise<void> {
   state.cancelRun = guest.cancel_run;
   state.noteTasks = guest.note_tasks;
   guest.install_waits(waitInterruptibly);
+  guest.install_interrupt_handlers();
   state.jitWarmUp = guest.jit_warm_up; // borrowed from the module's proxy, which therefore stays
   // The first runs compile much of the runtime lazily (the first takes ~20 ms): do a few before
   // `ready`, in a throwaway interpreter, so a sandbox's first calls from the pool do not pay for it.
