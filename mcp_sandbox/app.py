@@ -29,6 +29,7 @@ from mcp_sandbox.errors import InvalidRequest
 from mcp_sandbox.kept import KeptOutputs
 from mcp_sandbox.policy import policy_violation
 from mcp_sandbox.pool import ReadyPool
+from mcp_sandbox.principals import SOLE, scoped
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import ProgressReport, Sessions
 from mcp_sandbox.settings import Settings
@@ -186,9 +187,11 @@ class App:
         timeout: float | None = None,
         session_id: str | None = None,
         progress: ProgressReport | None = None,
+        principal: str = SOLE,
     ) -> ExecutionResult:
         """Check the call, run the code (the policy first, when it is on), keep the record and
-        copy output files out.
+        copy output files out. The session is `principal`'s own: another principal's session of
+        the same name is another session.
 
         Raises InvalidRequest for arguments over a limit, PoolUnavailable or
         SessionLimitReached when no sandbox can be had, and SessionElsewhere when another
@@ -196,19 +199,21 @@ class App:
         """
         settings = self.settings
         check_request(settings, code, session_id, timeout)
+        key = scoped(principal, session_id) if session_id is not None else None
         if (reason := self.refusal(code)) is not None:
-            rejected = ExecutionResult.failure("Rejected", reason, backend=self.backend.name)
-            result = rejected.model_copy(update={"session_id": session_id})
+            result = ExecutionResult.failure("Rejected", reason, backend=self.backend.name)
         else:
             result = await self.sessions.run(
-                code, timeout=settings.clamp_timeout(timeout), session_id=session_id, progress=progress
+                code, timeout=settings.clamp_timeout(timeout), session_id=key, progress=progress
             )
             if notes := self.backend.notes_for(result):
                 result = result.model_copy(update={"notes": [*result.notes, *notes]})
-        self.kept.keep(result)
+        result = result.model_copy(update={"session_id": session_id})  # the caller's own name for it
+        self.kept.keep(result, principal, key)
         if settings.output_dir is not None and result.files:
-            await anyio.to_thread.run_sync(result.save_files, settings.output_dir)
-        await self.record.add(code, result)
+            folder = settings.output_dir / principal if principal != SOLE else settings.output_dir
+            await anyio.to_thread.run_sync(result.save_files, folder)
+        await self.record.add(code, result, principal)
         return result
 
     def refusal(self, code: str) -> str | None:
@@ -220,11 +225,13 @@ class App:
             return wrong_calls_message(wrong)
         return None
 
-    async def reset_session(self, session_id: str) -> bool:
-        """Drop a session and stop its sandbox; False when there was none. Raises InvalidRequest."""
+    async def reset_session(self, session_id: str, principal: str = SOLE) -> bool:
+        """Drop `principal`'s session and stop its sandbox; False when there was none. Raises
+        InvalidRequest."""
         check_request(self.settings, "", session_id, None)
-        existed = await self.sessions.reset(session_id)
-        self.kept.forget_session(session_id)
+        key = scoped(principal, session_id)
+        existed = await self.sessions.reset(key)
+        self.kept.forget_session(key)
         return existed
 
     async def __aexit__(

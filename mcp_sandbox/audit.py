@@ -46,18 +46,22 @@ class ExecutionRecord:
     def enabled(self) -> bool:
         return self._audit_log is not None or self._save_code is not None
 
-    async def add(self, code: str, result: ExecutionResult) -> None:
+    async def add(self, code: str, result: ExecutionResult, principal: str = "") -> None:
+        """Record one execution by `principal` ("": the server's sole principal)."""
         if not self.enabled:
             return
         now = datetime.datetime.now(datetime.UTC)
         digest = hashlib.sha256(code.encode()).hexdigest()
         async with self._lock:
-            await anyio.to_thread.run_sync(self._write, now, digest, code, result)
+            await anyio.to_thread.run_sync(self._write, now, digest, code, result, principal)
 
-    def _write(self, now: datetime.datetime, digest: str, code: str, result: ExecutionResult) -> None:
+    def _write(
+        self, now: datetime.datetime, digest: str, code: str, result: ExecutionResult, principal: str
+    ) -> None:
         if self._audit_log is not None:
             line = {
                 "time": now.isoformat(timespec="milliseconds"),
+                "principal": principal or None,
                 "session_id": result.session_id,
                 "backend": result.backend,
                 "sha256": digest,

@@ -7,6 +7,7 @@ and choices) by pydantic-settings; a flag wins over MCP_SANDBOX_* variables and 
 from __future__ import annotations
 
 import argparse
+import hmac
 import ipaddress
 import itertools
 import json
@@ -41,12 +42,13 @@ from mcp_sandbox.doctor import (
 )
 from mcp_sandbox.errors import Refused
 from mcp_sandbox.packages import PackageError, fetch_packages
+from mcp_sandbox.principals import SOLE, TokensFileError, TokenTable
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.server import build_server
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.version import __version__
-from mcp_sandbox.web import BearerAuth, RoutingSessionId
+from mcp_sandbox.web import BearerAuth, RoutingSessionId, TokenLookup
 
 logger = logging.getLogger("mcp_sandbox")
 
@@ -59,6 +61,7 @@ EXPECTED_ERRORS = (
     SandboxStartError,
     BridgeConfigError,
     PackageError,
+    TokensFileError,
     Refused,
 )
 
@@ -203,6 +206,22 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def token_lookup(settings: Settings) -> TokenLookup | None:
+    """Whose bearer token a request carries: the tokens file's principals, and the one token of
+    MCP_SANDBOX_AUTH_TOKEN as the sole principal (None: no token is asked for)."""
+    table = TokenTable(settings.auth_tokens_file) if settings.auth_tokens_file is not None else None
+    single = settings.auth_token.get_secret_value().encode() if settings.auth_token is not None else None
+    if table is None and single is None:
+        return None
+
+    def principal(token: str) -> str | None:
+        if single is not None and hmac.compare_digest(token.encode(), single):
+            return SOLE
+        return table.principal(token) if table is not None else None
+
+    return principal
+
+
 async def serve(settings: Settings, transport: Transport, host: str, port: int) -> None:
     async with App(settings) as app:
         server = build_server(app)
@@ -217,8 +236,8 @@ async def serve(settings: Settings, transport: Transport, host: str, port: int) 
             web_app = server.streamable_http_app(host=host, stateless_http=settings.stateless_http)
             if settings.stateless_http:
                 web_app = RoutingSessionId(web_app)
-        if settings.auth_token is not None:
-            web_app = BearerAuth(web_app, settings.auth_token.get_secret_value())
+        if (tokens := token_lookup(settings)) is not None:
+            web_app = BearerAuth(web_app, tokens)
         config = uvicorn.Config(web_app, host=host, port=port, log_level=settings.log_level.lower())
         await _WebServer(config).serve()
 
@@ -390,7 +409,9 @@ def _dispatch(args: argparse.Namespace, flags: dict[str, CliSettingsSource[Setti
     transport: Transport = getattr(args, "transport", "stdio")
     host: str = getattr(args, "host", "127.0.0.1")
     port: int = getattr(args, "port", 8000)
-    if transport != "stdio" and not _is_loopback(host) and settings.auth_token is None:
+    if transport != "stdio" and settings.auth_tokens_file is not None:
+        TokenTable(settings.auth_tokens_file)  # refused here, before anything starts, when unusable
+    if transport != "stdio" and not _is_loopback(host) and token_lookup(settings) is None:
         logger.warning(
             "LISTENING ON %s WITHOUT A TOKEN: anyone who can reach this address can run code here. "
             "Set MCP_SANDBOX_AUTH_TOKEN to require Authorization: Bearer <token>.",

@@ -26,7 +26,10 @@ class KeptOutputMissing(Exception):
 
 @dataclass
 class _Entry:
-    session_id: str | None
+    #: Whose it is: only this principal reads it.
+    principal: str
+    #: The session it lives with, by its name inside the server (None: a session-less call's).
+    session_key: str | None
     streams: dict[str, KeptOutput]
     #: monotonic time it expires (session-less), or None (it lives with its session).
     expires: float | None
@@ -55,11 +58,14 @@ class KeptOutputs:
         self._ttl = ttl
         self._session_alive = session_alive
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # oldest first
-        self._dropped: deque[tuple[str, str]] = deque(maxlen=REMEMBERED_DROPS)
+        #: (call, its principal, why it was dropped), newest last.
+        self._dropped: deque[tuple[str, str, str]] = deque(maxlen=REMEMBERED_DROPS)
         self._bytes = 0
 
-    def keep(self, result: ExecutionResult) -> None:
-        """Give `result` a link to the whole of each of its cut streams, with a note on what is kept."""
+    def keep(self, result: ExecutionResult, principal: str = "", session_key: str | None = None) -> None:
+        """Give `result` a link to the whole of each of its cut streams, with a note on what is kept:
+        `principal`'s, living with its session (`session_key`, its name inside the server, when
+        that is not the result's `session_id`)."""
         kept = result.artifacts.kept_output
         if not kept or not self._max_bytes:
             return
@@ -87,8 +93,9 @@ class KeptOutputs:
                 f"to stay within MCP_SANDBOX_MAX_KEPT_OUTPUT_MB, the kept output of {dropped} earlier "
                 "call(s) was dropped"
             )
-        expires = None if result.session_id else time.monotonic() + self._ttl
-        self._entries[call] = _Entry(result.session_id, streams, expires, size)
+        key = session_key if session_key is not None else result.session_id
+        expires = None if key else time.monotonic() + self._ttl
+        self._entries[call] = _Entry(principal, key, streams, expires, size)
         self._bytes += size
 
     def _describe(self, stream: str, output: KeptOutput, call: str, session_id: str | None) -> str:
@@ -103,13 +110,24 @@ class KeptOutputs:
             )
         return f"{stream} was cut; {what}, kept {lifetime}; read lines with ?first=N&last=M"
 
-    def read(self, call: str, stream: str, first: int | None = None, last: int | None = None) -> str:
-        """Lines `first` to `last` (from 1; negative counts from the end) of a kept stream, or all of
-        it. Raises KeptOutputMissing, or ValueError for a line number of 0."""
+    def read(
+        self, call: str, stream: str, first: int | None = None, last: int | None = None, principal: str = ""
+    ) -> str:
+        """Lines `first` to `last` (from 1; negative counts from the end) of `principal`'s kept
+        stream, or all of it. Raises KeptOutputMissing, or ValueError for a line number of 0."""
         self._prune()
         entry = self._entries.get(call)
+        if entry is not None and entry.principal != principal:
+            entry = None  # another principal's: to this caller, it is not there
         if entry is None:
-            why = next((reason for dropped, reason in self._dropped if dropped == call), None)
+            why = next(
+                (
+                    reason
+                    for dropped, owner, reason in self._dropped
+                    if dropped == call and owner == principal
+                ),
+                None,
+            )
             raise KeptOutputMissing(
                 f"{URI_PREFIX}{call} is no longer kept: {why}"
                 if why
@@ -129,7 +147,7 @@ class KeptOutputs:
         stop = len(lines) if last is None else (last if last > 0 else len(lines) + last + 1)
         return "".join(lines[start:stop])
 
-    def read_uri(self, uri: str) -> str:
+    def read_uri(self, uri: str, principal: str = "") -> str:
         """`read` for a link as a result gives it, with ?first=N&last=M or not. Raises
         KeptOutputMissing, or ValueError for a link that is not one."""
         parts = urlsplit(uri)
@@ -138,22 +156,21 @@ class KeptOutputs:
         if not path.startswith(URI_PREFIX) or not call or stream not in STREAMS:
             raise ValueError(f"not a kept-output link: {uri!r} (they look like {URI_PREFIX}<call>/stdout)")
         query = parse_qs(parts.query)
-        return self.read(
-            call, stream, *(line_number(query.get(name, [None])[-1]) for name in ("first", "last"))
-        )
+        first, last = (line_number(query.get(name, [None])[-1]) for name in ("first", "last"))
+        return self.read(call, stream, first, last, principal)
 
-    def forget_session(self, session_id: str) -> None:
-        """Drop what a session kept (it was reset)."""
-        for call in [call for call, entry in self._entries.items() if entry.session_id == session_id]:
-            self._drop(call, f"session {session_id!r} was reset")
+    def forget_session(self, session_key: str) -> None:
+        """Drop what a session kept (it was reset); `session_key`: its name inside the server."""
+        for call in [call for call, entry in self._entries.items() if entry.session_key == session_key]:
+            self._drop(call, f"session {session_key.rpartition('/')[2]!r} was reset")
 
     def _prune(self) -> None:
         now = time.monotonic()
         for call, entry in list(self._entries.items()):
             if entry.expires is not None and entry.expires < now:
                 self._drop(call, f"a session-less call's output is kept for {self._ttl:g} s")
-            elif entry.session_id is not None and not self._session_alive(entry.session_id):
-                self._drop(call, f"session {entry.session_id!r} ended")
+            elif entry.session_key is not None and not self._session_alive(entry.session_key):
+                self._drop(call, f"session {entry.session_key.rpartition('/')[2]!r} ended")
 
     def _drop_oldest(self, reason: str) -> None:
         self._drop(next(iter(self._entries)), reason)
@@ -161,4 +178,4 @@ class KeptOutputs:
     def _drop(self, call: str, reason: str) -> None:
         entry = self._entries.pop(call)
         self._bytes -= entry.size
-        self._dropped.append((call, reason))
+        self._dropped.append((call, entry.principal, reason))

@@ -29,6 +29,7 @@ from mcp_sandbox.bridge.catalog import NO_MATCH, ToolSpec
 from mcp_sandbox.bridge.stubs import stubs
 from mcp_sandbox.errors import Refused
 from mcp_sandbox.kept import URI_TEMPLATE, KeptOutputMissing, line_number
+from mcp_sandbox.principals import SOLE
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.version import __version__
 
@@ -245,6 +246,15 @@ class SandboxServer(MCPServer):
         ]
 
 
+def principal_of(ctx: Context) -> str:
+    """The caller's principal: what the bearer token named (web.BearerAuth puts it on the
+    request's state), else the server's sole principal (stdio, one token, no token)."""
+    request = ctx.request_context.request
+    state = getattr(request, "scope", {}).get("state") or {}
+    principal = state.get("principal", SOLE)
+    return principal if isinstance(principal, str) else SOLE
+
+
 def build_server(app: App) -> MCPServer:
     """An MCP server whose tools run code through `app`."""
     server: MCPServer = SandboxServer(
@@ -276,19 +286,22 @@ def build_server(app: App) -> MCPServer:
             await ctx.report_progress(elapsed, None, message)
 
         try:
-            result = await app.execute(code, timeout=timeout, session_id=session_id, progress=report)
+            result = await app.execute(
+                code, timeout=timeout, session_id=session_id, progress=report, principal=principal_of(ctx)
+            )
         except Refused as error:
             raise ToolError(str(error)) from None
         return tool_result(result)
 
     async def reset_session(
+        ctx: Context,
         session_id: Annotated[
             str, Field(description="The session to clear.", json_schema_extra=session_id_schema)
         ],
     ) -> ResetResult:
         """End a session: drop its variables and stop its sandbox."""
         try:
-            existed = await app.reset_session(session_id)
+            existed = await app.reset_session(session_id, principal_of(ctx))
         except Refused as error:
             raise ToolError(str(error)) from None
         return ResetResult(session_id=session_id, existed=existed)
@@ -314,9 +327,11 @@ def build_server(app: App) -> MCPServer:
         "stderr_uri); first and last pick lines (from 1; negative from the end).",
         mime_type="text/plain",
     )
-    def kept_output(call: str, stream: str, first: str | None = None, last: str | None = None) -> str:
+    def kept_output(
+        ctx: Context, call: str, stream: str, first: str | None = None, last: str | None = None
+    ) -> str:
         try:
-            return app.kept.read(call, stream, line_number(first), line_number(last))
+            return app.kept.read(call, stream, line_number(first), line_number(last), principal_of(ctx))
         except KeptOutputMissing as error:
             raise ResourceNotFoundError(str(error)) from None
         except ValueError as error:

@@ -212,6 +212,12 @@ class Settings(BaseSettings):
     auth_token: CliSuppress[SecretStr | None] = Field(
         None, min_length=16, description="HTTP/SSE: require Authorization: Bearer <token> on every request."
     )
+    auth_tokens_file: Path | None = Field(
+        None,
+        description='HTTP/SSE: a JSON file {"<principal>": "<token>" or "sha256:<hex of its hash>"}, '
+        "readable by its owner only, re-read when it changes. Each caller is the principal its bearer "
+        "token names, and its sessions, kept outputs, output files and audit records are its own.",
+    )
     bridge_config: Path | None = Field(
         None,
         description='JSON file of upstream MCP servers ({"mcpServers": ...}, as Claude Desktop\'s) '

@@ -1,9 +1,8 @@
-"""ASGI middleware for the HTTP transports: a bearer token (MCP_SANDBOX_AUTH_TOKEN) and routing
+"""ASGI middleware for the HTTP transports: bearer tokens (MCP_SANDBOX_AUTH_TOKEN, a tokens file) and routing
 keys for instances behind a load balancer (MCP_SANDBOX_STATELESS_HTTP)."""
 
 from __future__ import annotations
 
-import hmac
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -16,15 +15,20 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SESSION_HEADER = b"mcp-session-id"
 
-UNAUTHORIZED = b'{"error": "unauthorized: send Authorization: Bearer <MCP_SANDBOX_AUTH_TOKEN>"}'
+UNAUTHORIZED = b'{"error": "unauthorized: send Authorization: Bearer <token>"}'
+BEARER = b"bearer "
+
+#: Whose token this is (a principal, principals.SOLE for the one token), or None: not a caller's.
+TokenLookup = Callable[[str], "str | None"]
 
 
 class BearerAuth:
-    """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>`, else 401."""
+    """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>` of a known
+    caller, else 401. The caller's principal goes on the request's state (`principal`)."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, lookup: TokenLookup) -> None:
         self._app = app
-        self._expected = f"Bearer {token}".encode()
+        self._lookup = lookup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -32,8 +36,10 @@ class BearerAuth:
             for name, value in scope.get("headers", []):
                 if name == b"authorization":
                     given = value
-            # compare_digest: the time taken says nothing about how much of the token was right.
-            if not hmac.compare_digest(given, self._expected):
+            principal = None
+            if given[: len(BEARER)].lower() == BEARER:
+                principal = self._lookup(given[len(BEARER) :].decode("latin-1"))
+            if principal is None:
                 await send(
                     {
                         "type": "http.response.start",
@@ -43,6 +49,7 @@ class BearerAuth:
                 )
                 await send({"type": "http.response.body", "body": UNAUTHORIZED})
                 return
+            scope["state"] = {**scope.get("state", {}), "principal": principal}
         await self._app(scope, receive, send)
 
 

@@ -121,3 +121,18 @@ def test_a_reset_session_forgets_its_output() -> None:
     assert result.stdout_uri is not None
     with pytest.raises(KeptOutputMissing, match="was reset"):
         kept.read_uri(result.stdout_uri)
+
+
+def test_a_link_reads_only_for_its_principal_and_says_nothing_of_it_to_another() -> None:
+    kept = KeptOutputs(2**20, ttl=60, session_alive=lambda _: True)
+    result = cut_result(session_id="analysis")
+    kept.keep(result, "alice", "alice/analysis")
+    assert result.stdout_uri is not None
+    assert kept.read_uri(result.stdout_uri, "alice") == LINES
+    with pytest.raises(KeptOutputMissing, match="nothing is kept as"):
+        kept.read_uri(result.stdout_uri, "bob")
+    kept.forget_session("alice/analysis")
+    with pytest.raises(KeptOutputMissing, match="session 'analysis' was reset"):
+        kept.read_uri(result.stdout_uri, "alice")
+    with pytest.raises(KeptOutputMissing, match="nothing is kept as"):
+        kept.read_uri(result.stdout_uri, "bob")
