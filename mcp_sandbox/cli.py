@@ -222,7 +222,11 @@ def token_lookup(settings: Settings) -> TokenLookup | None:
     return principal
 
 
-async def serve(settings: Settings, transport: Transport, host: str, port: int) -> None:
+async def serve(
+    settings: Settings, transport: Transport, host: str, port: int, tokens: TokenLookup | None
+) -> None:
+    """Serve MCP on `transport`; over HTTP, every request needs a bearer token `tokens` knows
+    (None: no token is asked for)."""
     async with App(settings) as app:
         server = build_server(app)
         if transport == "stdio":
@@ -236,7 +240,7 @@ async def serve(settings: Settings, transport: Transport, host: str, port: int) 
             web_app = server.streamable_http_app(host=host, stateless_http=settings.stateless_http)
             if settings.stateless_http:
                 web_app = RoutingSessionId(web_app)
-        if (tokens := token_lookup(settings)) is not None:
+        if tokens is not None:
             web_app = BearerAuth(web_app, tokens)
         config = uvicorn.Config(web_app, host=host, port=port, log_level=settings.log_level.lower())
         await _WebServer(config).serve()
@@ -409,15 +413,15 @@ def _dispatch(args: argparse.Namespace, flags: dict[str, CliSettingsSource[Setti
     transport: Transport = getattr(args, "transport", "stdio")
     host: str = getattr(args, "host", "127.0.0.1")
     port: int = getattr(args, "port", 8000)
-    if transport != "stdio" and settings.auth_tokens_file is not None:
-        TokenTable(settings.auth_tokens_file)  # refused here, before anything starts, when unusable
-    if transport != "stdio" and not _is_loopback(host) and token_lookup(settings) is None:
+    # Read here, before anything starts: a tokens file that cannot be used is refused at once.
+    tokens = token_lookup(settings) if transport != "stdio" else None
+    if transport != "stdio" and not _is_loopback(host) and tokens is None:
         logger.warning(
             "LISTENING ON %s WITHOUT A TOKEN: anyone who can reach this address can run code here. "
             "Set MCP_SANDBOX_AUTH_TOKEN to require Authorization: Bearer <token>.",
             host,
         )
-    anyio.run(serve, settings, transport, host, port)
+    anyio.run(serve, settings, transport, host, port, tokens)
     return 0
 
 

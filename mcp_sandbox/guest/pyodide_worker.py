@@ -86,12 +86,8 @@ def install_interrupt_handlers() -> None:
 
     signal.signal(signal.SIGINT, on_interrupt)
     loop: Any = asyncio.get_event_loop()
-    loop._keyboard_interrupt_handler = _stop_the_run
-    loop._system_exit_handler = lambda code: _stop_the_run()
-
-
-def _stop_the_run() -> None:
-    cancel_run()
+    loop._keyboard_interrupt_handler = cancel_run
+    loop._system_exit_handler = lambda code: cancel_run()
 
 
 def report_reaching_past(report: Callable[[str], None]) -> None:
