@@ -291,12 +291,13 @@ async def test_a_background_task_that_raises_what_stops_a_program_costs_neither_
     # The event loop hands what escapes a task's step to JavaScript, which would end the worker.
     session = f"raises-{raised}"
     start = (
-        "import asyncio\nx = 41\nasync def stop_later():\n    await asyncio.sleep(0.2)\n"
+        "import asyncio\nx = 41\ngo = asyncio.Event()\nasync def stop_later():\n    await go.wait()\n"
         f"    raise {raised}\nlater = asyncio.ensure_future(stop_later())"
     )
     assert (await call(client, start, session_id=session))["success"]
     # As on CPython, what escapes the task stops the program that awaits: here, as its interrupt.
-    waited = await call(client, "await asyncio.sleep(5)", session_id=session)
+    # The task raises only once this call awaits: never between the two calls.
+    waited = await call(client, "go.set()\nawait asyncio.sleep(5)", session_id=session)
     assert waited["error_type"] == "KeyboardInterrupt", (waited["error"], waited.get("notes"))
     assert not waited.get("session_restored") and not waited.get("session_lost"), waited
     after = await call(client, "x + 1", session_id=session)
@@ -310,12 +311,13 @@ async def test_an_interrupt_that_lands_in_an_earlier_calls_task_stops_the_run_an
     # handler itself, as Pyodide does when the interrupt buffer is read inside that task.
     session = "interrupt-lands-elsewhere"
     start = (
-        "import asyncio, signal\nsurvived = False\nasync def poke():\n    global survived\n"
-        "    await asyncio.sleep(0.2)\n    signal.getsignal(signal.SIGINT)(signal.SIGINT, None)\n"
+        "import asyncio, signal\nsurvived = False\ngo = asyncio.Event()\nasync def poke():\n"
+        "    global survived\n    await go.wait()\n    signal.getsignal(signal.SIGINT)(signal.SIGINT, None)\n"
         "    survived = True\npoked = asyncio.ensure_future(poke())"
     )
     assert (await call(client, start, session_id=session))["success"]
-    stopped = await call(client, "await asyncio.sleep(5)", session_id=session)
+    # The interrupt lands only once this call awaits: never between the two calls.
+    stopped = await call(client, "go.set()\nawait asyncio.sleep(5)", session_id=session)
     assert stopped["error_type"] == "KeyboardInterrupt", (stopped["error"], stopped.get("notes"))
     after = await call(client, "survived", session_id=session)
     assert after["result"] == "True", after
