@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal, get_args, get_origin
+from typing import Literal, Self, get_args, get_origin
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import CLI_SUPPRESS, BaseSettings, CliSuppress, SettingsConfigDict
 
 from mcp_sandbox.protocol import OutputLimits
@@ -218,6 +218,24 @@ class Settings(BaseSettings):
         "readable by its owner only, re-read when it changes. Each caller is the principal its bearer "
         "token names, and its sessions, kept outputs, output files and audit records are its own.",
     )
+    auth_jwks: str | None = Field(
+        None,
+        description="HTTP/SSE: OAuth resource-server mode. JWT access tokens are checked against this JSON "
+        "Web Key Set (a file, or an https:// URL fetched and cached), with MCP_SANDBOX_AUTH_ISSUER and "
+        "MCP_SANDBOX_AUTH_RESOURCE_URL; the caller's principal is the token's sub.",
+    )
+    auth_issuer: str | None = Field(
+        None,
+        pattern=r"^https?://\S+$",
+        description="With MCP_SANDBOX_AUTH_JWKS: the only accepted `iss`, and the authorization server "
+        "the protected-resource metadata names.",
+    )
+    auth_resource_url: str | None = Field(
+        None,
+        pattern=r"^https?://\S+$",
+        description="With MCP_SANDBOX_AUTH_JWKS: this server's public URL (e.g. https://sandbox.example/mcp). "
+        "A token's `aud` must name it (RFC 8707), and /.well-known/oauth-protected-resource describes it.",
+    )
     bridge_config: Path | None = Field(
         None,
         description='JSON file of upstream MCP servers ({"mcpServers": ...}, as Claude Desktop\'s) '
@@ -266,6 +284,15 @@ class Settings(BaseSettings):
         if path is not None and not path.is_dir():
             raise ValueError(f"{path} is not a folder")
         return path.resolve() if path is not None else None
+
+    @model_validator(mode="after")
+    def _oauth_complete(self) -> Self:
+        if self.auth_jwks is not None and (self.auth_issuer is None or self.auth_resource_url is None):
+            raise ValueError(
+                "MCP_SANDBOX_AUTH_JWKS needs MCP_SANDBOX_AUTH_ISSUER and MCP_SANDBOX_AUTH_RESOURCE_URL: "
+                "a token is accepted only from that issuer, for this server"
+            )
+        return self
 
     @property
     def packages_folder(self) -> Path:
