@@ -4,6 +4,7 @@ how a missing OS sandbox is reported."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,8 @@ import anyio
 import anyio.abc
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from mcp_sandbox.app import App
 from mcp_sandbox.server import build_server
@@ -207,3 +210,23 @@ def missing_tier(tier: str, problem: str) -> None:
     if tier in os.environ.get("MCP_SANDBOX_TEST_EXPECT_TIERS", "").split(","):
         pytest.fail(f"isolation {tier} should work on this machine, and does not: {problem}")
     pytest.skip(f"this machine does not offer isolation {tier}: {problem}")
+
+
+def write_tokens(path: Path, table: dict[str, str]) -> None:
+    """A tokens file (MCP_SANDBOX_AUTH_TOKENS_FILE) naming each principal's token, owner-only."""
+    path.write_text(json.dumps(table), encoding="utf-8")
+    path.chmod(0o600)
+
+
+@asynccontextmanager
+async def as_caller(port: int, token: str, **options: Any) -> AsyncIterator[Client]:
+    """A real MCP client over streamable HTTP at 127.0.0.1:`port`, sending `token` as its bearer
+    token; `options` go to Client (mode=...)."""
+    http_client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    async with (
+        http_client,
+        Client(
+            streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http_client), **options
+        ) as client,
+    ):
+        yield client

@@ -19,12 +19,24 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.helpers import call, free_port, http_server, state_file, state_name, stop_process, wait_for_port
+from tests.helpers import (
+    as_caller,
+    call,
+    free_port,
+    http_server,
+    state_file,
+    state_name,
+    stop_process,
+    wait_for_port,
+    write_tokens,
+)
 
 pytestmark = pytest.mark.anyio
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
 LEASE_S = 3
+ALICE_TOKEN = "alice-token-0123456789abcdef"
+BOB_TOKEN = "bob-token-0123456789abcdef"
 #: A checkpoint lands 2 s after a call (lifecycle.Timings.checkpoint_quiet), plus its own time.
 SETTLE_S = 30.0
 
@@ -136,6 +148,55 @@ async def test_a_session_survives_the_loss_of_its_instance_behind_nginx(tmp_path
         survivor = lease_holder(state, "kept")
         assert survivor in instances and survivor != holder, "the other instance took the session over"
         assert (await call(client, "x + 1", session_id="kept"))["result"] == "42"
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed (Debian: apt-get install nginx-light)")
+async def test_two_principals_sessions_of_one_name_each_survive_the_move_with_its_own_state(
+    tmp_path: Path,
+) -> None:
+    """alice and bob both call their session "analysis": one name, so nginx sends both to one
+    instance; that instance is killed, and each principal's session comes back on the other with
+    its own value. The subprocess backend only: the scoping is the server's, not the backend's."""
+    state = tmp_path / "state"
+    tokens = tmp_path / "tokens.json"
+    write_tokens(tokens, {"alice": ALICE_TOKEN, "bob": BOB_TOKEN})
+    env = {
+        "MCP_SANDBOX_BACKEND": "subprocess",
+        "MCP_SANDBOX_STATE_DIR": str(state),
+        "MCP_SANDBOX_STATELESS_HTTP": "true",
+        "MCP_SANDBOX_LEASE_SECONDS": str(LEASE_S),
+        "MCP_SANDBOX_AUTH_TOKENS_FILE": str(tokens),
+    }
+    async with AsyncExitStack() as stack:
+        first, first_process = await stack.enter_async_context(http_server(**env))
+        second, second_process = await stack.enter_async_context(http_server(**env))
+        instances = {first_process.pid: first_process, second_process.pid: second_process}
+        port = await stack.enter_async_context(nginx(tmp_path / "nginx", first, second))
+        alice = await stack.enter_async_context(as_caller(port, ALICE_TOKEN))
+        bob = await stack.enter_async_context(as_caller(port, BOB_TOKEN))
+        for client in (alice, bob):
+            await client.list_tools()  # so each mirrors the session id into the header nginx hashes on
+
+        assert (await call(alice, "owner = 'alice'", session_id="analysis"))["success"]
+        assert (await call(bob, "owner = 'bob'", session_id="analysis"))["success"]
+        holder = lease_holder(state, "alice/analysis")
+        assert holder in instances and lease_holder(state, "bob/analysis") == holder, "one name, one instance"
+        assert not state_file(state, "analysis").exists(), "no session is stored under the bare name"
+        await saved(state, "alice/analysis")
+        await saved(state, "bob/analysis")
+
+        instances[holder].send_signal(signal.SIGKILL)
+        await instances[holder].wait()
+        for client, owner in ((alice, "alice"), (bob, "bob")):
+            with anyio.fail_after(60):
+                after = await call(client, "owner", session_id="analysis")
+            assert after["result"] == repr(owner), after
+            assert after["session_restored"] is True and after["restored_from_call"] >= 1, after
+        survivor = lease_holder(state, "alice/analysis")
+        assert survivor in instances and survivor != holder, "the other instance took the sessions over"
+        assert lease_holder(state, "bob/analysis") == survivor
+        assert (await call(alice, "owner", session_id="analysis"))["result"] == "'alice'"
+        assert (await call(bob, "owner", session_id="analysis"))["result"] == "'bob'"
 
 
 @pytest.mark.skipif(NGINX is None, reason="nginx is not installed (Debian: apt-get install nginx-light)")
