@@ -7,7 +7,6 @@ and choices) by pydantic-settings; a flag wins over MCP_SANDBOX_* variables and 
 from __future__ import annotations
 
 import argparse
-import hmac
 import ipaddress
 import itertools
 import json
@@ -41,14 +40,15 @@ from mcp_sandbox.doctor import (
     validation_message,
 )
 from mcp_sandbox.errors import Refused
+from mcp_sandbox.oauth import JwksError, JwtVerifier
 from mcp_sandbox.packages import PackageError, fetch_packages
-from mcp_sandbox.principals import SOLE, TokensFileError, TokenTable
+from mcp_sandbox.principals import FirstOf, StaticTokens, TokensFileError, TokenTable, Verifier
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.server import build_server
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.version import __version__
-from mcp_sandbox.web import BearerAuth, RoutingSessionId, TokenLookup
+from mcp_sandbox.web import RoutingSessionId
 
 logger = logging.getLogger("mcp_sandbox")
 
@@ -62,6 +62,7 @@ EXPECTED_ERRORS = (
     BridgeConfigError,
     PackageError,
     TokensFileError,
+    JwksError,
     Refused,
 )
 
@@ -206,29 +207,30 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def token_lookup(settings: Settings) -> TokenLookup | None:
-    """Whose bearer token a request carries: the tokens file's principals, and the one token of
-    MCP_SANDBOX_AUTH_TOKEN as the sole principal (None: no token is asked for)."""
-    table = TokenTable(settings.auth_tokens_file) if settings.auth_tokens_file is not None else None
-    single = settings.auth_token.get_secret_value().encode() if settings.auth_token is not None else None
-    if table is None and single is None:
+def token_verifier(settings: Settings) -> Verifier | None:
+    """Who a bearer token names: the one MCP_SANDBOX_AUTH_TOKEN (the sole principal), the tokens
+    file's principals, and an OAuth issuer's subjects (None: no token is asked for). Raises
+    TokensFileError or JwksError when a file cannot be used."""
+    verifiers: list[Verifier] = []
+    if settings.auth_token is not None or settings.auth_tokens_file is not None:
+        table = TokenTable(settings.auth_tokens_file) if settings.auth_tokens_file is not None else None
+        single = settings.auth_token.get_secret_value() if settings.auth_token is not None else None
+        verifiers.append(StaticTokens(single, table))
+    if settings.auth_jwks is not None:
+        assert settings.auth_issuer is not None and settings.auth_resource_url is not None  # Settings checks
+        verifiers.append(JwtVerifier(settings.auth_jwks, settings.auth_issuer, settings.auth_resource_url))
+    if not verifiers:
         return None
-
-    def principal(token: str) -> str | None:
-        if single is not None and hmac.compare_digest(token.encode(), single):
-            return SOLE
-        return table.principal(token) if table is not None else None
-
-    return principal
+    return verifiers[0] if len(verifiers) == 1 else FirstOf(verifiers)
 
 
 async def serve(
-    settings: Settings, transport: Transport, host: str, port: int, tokens: TokenLookup | None
+    settings: Settings, transport: Transport, host: str, port: int, verifier: Verifier | None
 ) -> None:
-    """Serve MCP on `transport`; over HTTP, every request needs a bearer token `tokens` knows
+    """Serve MCP on `transport`; over HTTP, every request needs a bearer token `verifier` accepts
     (None: no token is asked for)."""
     async with App(settings) as app:
-        server = build_server(app)
+        server = build_server(app, verifier if transport != "stdio" else None)
         if transport == "stdio":
             await server.run_stdio_async()
             return
@@ -240,8 +242,6 @@ async def serve(
             web_app = server.streamable_http_app(host=host, stateless_http=settings.stateless_http)
             if settings.stateless_http:
                 web_app = RoutingSessionId(web_app)
-        if tokens is not None:
-            web_app = BearerAuth(web_app, tokens)
         config = uvicorn.Config(web_app, host=host, port=port, log_level=settings.log_level.lower())
         await _WebServer(config).serve()
 
@@ -414,14 +414,14 @@ def _dispatch(args: argparse.Namespace, flags: dict[str, CliSettingsSource[Setti
     host: str = getattr(args, "host", "127.0.0.1")
     port: int = getattr(args, "port", 8000)
     # Read here, before anything starts: a tokens file that cannot be used is refused at once.
-    tokens = token_lookup(settings) if transport != "stdio" else None
-    if transport != "stdio" and not _is_loopback(host) and tokens is None:
+    verifier = token_verifier(settings) if transport != "stdio" else None
+    if transport != "stdio" and not _is_loopback(host) and verifier is None:
         logger.warning(
             "LISTENING ON %s WITHOUT A TOKEN: anyone who can reach this address can run code here. "
             "Set MCP_SANDBOX_AUTH_TOKEN to require Authorization: Bearer <token>.",
             host,
         )
-    anyio.run(serve, settings, transport, host, port, tokens)
+    anyio.run(serve, settings, transport, host, port, verifier)
     return 0
 
 

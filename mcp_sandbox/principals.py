@@ -1,7 +1,11 @@
-"""Principals: who is calling. A server with a tokens file (MCP_SANDBOX_AUTH_TOKENS_FILE) knows
-each caller by the principal its token names, and everything a caller owns (its sessions, their
-checkpoints and leases, kept outputs, output files, audit records) is scoped to it. Every other
-server has one principal, `SOLE`: stdio, one MCP_SANDBOX_AUTH_TOKEN, or HTTP on loopback."""
+"""Principals: who is calling. A server with a tokens file (MCP_SANDBOX_AUTH_TOKENS_FILE) or an
+OAuth issuer (MCP_SANDBOX_AUTH_JWKS, in oauth.py) knows each caller by the principal its token
+names, and everything a caller owns (its sessions, their checkpoints and leases, kept outputs,
+output files, audit records) is scoped to it. Every other server has one principal, `SOLE`:
+stdio, one MCP_SANDBOX_AUTH_TOKEN, or HTTP on loopback without a token.
+
+Token checks are the MCP SDK's `TokenVerifier`s, so its bearer middleware answers 401 and binds
+each MCP session to the caller that opened it."""
 
 from __future__ import annotations
 
@@ -12,7 +16,11 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
+
+from mcp.server.auth.provider import AccessToken
 
 logger = logging.getLogger(__name__)
 
@@ -113,3 +121,50 @@ class TokenTable:
             if hmac.compare_digest(digest, expected):
                 found = principal
         return found
+
+
+class Caller(AccessToken):
+    """A bearer token this server accepted, and the principal it names."""
+
+    principal: str
+
+
+class Verifier(Protocol):
+    """The SDK's TokenVerifier, answering a Caller: a token it cannot check is None, never raised."""
+
+    async def verify_token(self, token: str) -> Caller | None: ...
+
+
+class StaticTokens:
+    """The tokens an operator hands out: MCP_SANDBOX_AUTH_TOKEN (the sole principal) and the
+    tokens file's principals."""
+
+    def __init__(self, single: str | None, table: TokenTable | None) -> None:
+        self._single = hashlib.sha256(single.encode()).digest() if single is not None else None
+        self._table = table
+
+    async def verify_token(self, token: str) -> Caller | None:
+        principal = None
+        if self._single is not None and hmac.compare_digest(
+            hashlib.sha256(token.encode()).digest(), self._single
+        ):
+            principal = SOLE
+        elif self._table is not None:
+            principal = self._table.principal(token)
+        if principal is None:
+            return None
+        return Caller(token=token, client_id=principal, scopes=[], principal=principal)
+
+
+class FirstOf:
+    """The first verifier's Caller that accepts a token."""
+
+    def __init__(self, verifiers: Sequence[Verifier]) -> None:
+        self._verifiers = verifiers
+
+    async def verify_token(self, token: str) -> Caller | None:
+        for verifier in self._verifiers:
+            caller = await verifier.verify_token(token)
+            if caller is not None:
+                return caller
+        return None

@@ -9,6 +9,8 @@ import base64
 import json
 from typing import Annotated, Any, Literal
 
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.types import (
@@ -22,15 +24,16 @@ from mcp.types import (
     Tool,
     ToolAnnotations,
 )
-from pydantic import BaseModel, Field
+from pydantic import AnyHttpUrl, BaseModel, Field
 
 from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App
 from mcp_sandbox.bridge.catalog import NO_MATCH, ToolSpec
 from mcp_sandbox.bridge.stubs import stubs
 from mcp_sandbox.errors import Refused
 from mcp_sandbox.kept import URI_TEMPLATE, KeptOutputMissing, line_number
-from mcp_sandbox.principals import SOLE
+from mcp_sandbox.principals import SOLE, Caller, Verifier
 from mcp_sandbox.result import ExecutionResult
+from mcp_sandbox.settings import Settings
 from mcp_sandbox.version import __version__
 
 #: Output text files up to this size also come back as embedded resources.
@@ -247,18 +250,35 @@ class SandboxServer(MCPServer):
 
 
 def principal_of(ctx: Context) -> str:
-    """The caller's principal: what the bearer token named (web.BearerAuth puts it on the
-    request's state), else the server's sole principal (stdio, one token, no token)."""
+    """The caller's principal: the one its bearer token named (the SDK's bearer middleware puts
+    the verifier's Caller on the request), else the server's sole principal (stdio, no token)."""
     request = ctx.request_context.request
-    state = getattr(request, "scope", {}).get("state") or {}
-    principal = state.get("principal", SOLE)
-    return principal if isinstance(principal, str) else SOLE
+    user = getattr(request, "scope", {}).get("user")
+    caller = user.access_token if isinstance(user, AuthenticatedUser) else None
+    return caller.principal if isinstance(caller, Caller) else SOLE
 
 
-def build_server(app: App) -> MCPServer:
-    """An MCP server whose tools run code through `app`."""
+def auth_settings(settings: Settings) -> AuthSettings:
+    """What the SDK's bearer middleware needs. With an OAuth issuer it also publishes this server's
+    RFC 9728 protected-resource metadata; the tokens an operator hands out need none."""
+    if settings.auth_jwks is not None:
+        assert settings.auth_issuer is not None and settings.auth_resource_url is not None  # Settings checks
+        return AuthSettings(
+            issuer_url=AnyHttpUrl(settings.auth_issuer),
+            resource_server_url=AnyHttpUrl(settings.auth_resource_url),
+            validate_token_resource=False,  # JwtVerifier checks `aud` itself
+        )
+    # Without resource_server_url nothing is published, so this issuer is never shown to anyone.
+    return AuthSettings(issuer_url=AnyHttpUrl("http://localhost"), resource_server_url=None)
+
+
+def build_server(app: App, verifier: Verifier | None = None) -> MCPServer:
+    """An MCP server whose tools run code through `app`; over HTTP, every request needs a bearer
+    token `verifier` accepts (None: none is asked for)."""
     server: MCPServer = SandboxServer(
         app,
+        token_verifier=verifier,
+        auth=auth_settings(app.settings) if verifier is not None else None,
         version=__version__,
         instructions="Use execute_python to run Python code; use a session_id to keep state between calls.",
     )

@@ -233,7 +233,7 @@ class Settings(BaseSettings):
     auth_resource_url: str | None = Field(
         None,
         pattern=r"^https?://\S+$",
-        description="With MCP_SANDBOX_AUTH_JWKS: this server's public URL (e.g. https://sandbox.example/mcp). "
+        description="With MCP_SANDBOX_AUTH_JWKS: this server's public URL (https://sandbox.example/mcp). "
         "A token's `aud` must name it (RFC 8707), and /.well-known/oauth-protected-resource describes it.",
     )
     bridge_config: Path | None = Field(

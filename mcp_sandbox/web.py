@@ -1,5 +1,5 @@
-"""ASGI middleware for the HTTP transports: bearer tokens (MCP_SANDBOX_AUTH_TOKEN, a tokens file) and routing
-keys for instances behind a load balancer (MCP_SANDBOX_STATELESS_HTTP)."""
+"""ASGI middleware for the HTTP transports: routing keys for instances behind a load balancer
+(MCP_SANDBOX_STATELESS_HTTP). Bearer tokens are the MCP SDK's middleware, with principals.py's verifiers."""
 
 from __future__ import annotations
 
@@ -14,43 +14,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SESSION_HEADER = b"mcp-session-id"
-
-UNAUTHORIZED = b'{"error": "unauthorized: send Authorization: Bearer <token>"}'
-BEARER = b"bearer "
-
-#: Whose token this is (a principal, principals.SOLE for the one token), or None: not a caller's.
-TokenLookup = Callable[[str], "str | None"]
-
-
-class BearerAuth:
-    """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>` of a known
-    caller, else 401. The caller's principal goes on the request's state (`principal`)."""
-
-    def __init__(self, app: ASGIApp, lookup: TokenLookup) -> None:
-        self._app = app
-        self._lookup = lookup
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            given = b""
-            for name, value in scope.get("headers", []):
-                if name == b"authorization":
-                    given = value
-            principal = None
-            if given[: len(BEARER)].lower() == BEARER:
-                principal = self._lookup(given[len(BEARER) :].decode("latin-1"))
-            if principal is None:
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": UNAUTHORIZED})
-                return
-            scope["state"] = {**scope.get("state", {}), "principal": principal}
-        await self._app(scope, receive, send)
 
 
 class RoutingSessionId:

@@ -20,6 +20,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests.helpers import call, http_server, server_env, state_file
+from tests.issuer import ISSUER, RESOURCE, Issuer, write_jwks
 
 pytestmark = pytest.mark.anyio
 
@@ -73,22 +74,28 @@ async def as_caller(port: int, token: str) -> AsyncIterator[Client]:
         yield client
 
 
+async def neither_reads_nor_resets_the_other(alice: Client, bob: Client) -> None:
+    """alice and bob both name a session "analysis": bob sees none of alice's, and his reset
+    ends only his own."""
+    assert (await call(alice, "secret = 'alice-only'", session_id="analysis"))["success"]
+    seen = await call(bob, "print(secret)", session_id="analysis")
+    assert seen["error_type"] == "NameError", seen
+    assert seen["session_id"] == "analysis"
+    reset = await bob.call_tool("reset_session", {"session_id": "analysis"})
+    assert reset.structured_content is not None
+    assert reset.structured_content["existed"] is True, "bob's own session (made by his print) is reset"
+    again = await bob.call_tool("reset_session", {"session_id": "analysis"})
+    assert again.structured_content is not None and again.structured_content["existed"] is False
+    kept = await call(alice, "secret", session_id="analysis")
+    assert kept["result"] == "'alice-only'", kept
+    assert not kept.get("session_lost") and not kept.get("session_restored"), kept
+
+
 async def test_the_same_session_name_is_two_sessions_and_neither_reads_or_resets_the_other(
     port: int, folders: dict[str, Path]
 ) -> None:
     async with as_caller(port, ALICE) as alice, as_caller(port, BOB) as bob:
-        assert (await call(alice, "secret = 'alice-only'", session_id="analysis"))["success"]
-        seen = await call(bob, "print(secret)", session_id="analysis")
-        assert seen["error_type"] == "NameError", seen
-        assert seen["session_id"] == "analysis"
-        reset = await bob.call_tool("reset_session", {"session_id": "analysis"})
-        assert reset.structured_content is not None
-        assert reset.structured_content["existed"] is True, "bob's own session (made by his print) is reset"
-        again = await bob.call_tool("reset_session", {"session_id": "analysis"})
-        assert again.structured_content is not None and again.structured_content["existed"] is False
-        kept = await call(alice, "secret", session_id="analysis")
-        assert kept["result"] == "'alice-only'", kept
-        assert not kept.get("session_lost") and not kept.get("session_restored"), kept
+        await neither_reads_nor_resets_the_other(alice, bob)
     # Its checkpoint is stored under the principal's name for it, once the session is idle.
     with anyio.fail_after(30):
         while not state_file(folders["state"], "alice/analysis").exists():
@@ -162,3 +169,80 @@ async def test_a_tokens_file_that_breaks_while_serving_keeps_the_principals_it_h
         async with as_caller(serving, ALICE) as alice:
             assert (await call(alice, "1 + 1"))["result"] == "2"
         assert process.returncode is None
+
+
+@pytest.fixture(scope="module")
+def issuer() -> Issuer:
+    return Issuer()
+
+
+@pytest.fixture(scope="module")
+async def oauth_port(
+    anyio_backend: str, issuer: Issuer, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[int]:
+    jwks = write_jwks(tmp_path_factory.mktemp("oauth") / "jwks.json", issuer)
+    async with http_server(
+        "http",
+        MCP_SANDBOX_AUTH_JWKS=str(jwks),
+        MCP_SANDBOX_AUTH_ISSUER=ISSUER,
+        MCP_SANDBOX_AUTH_RESOURCE_URL=RESOURCE,
+        MCP_SANDBOX_BACKEND="subprocess",
+    ) as (serving, _):
+        yield serving
+
+
+async def test_with_the_issuers_jwts_the_same_session_name_is_two_sessions(
+    oauth_port: int, issuer: Issuer
+) -> None:
+    async with (
+        as_caller(oauth_port, issuer.token("alice")) as alice,
+        as_caller(oauth_port, issuer.token("bob")) as bob,
+    ):
+        await neither_reads_nor_resets_the_other(alice, bob)
+    # A new token of the same subject is the same principal: alice's session is still hers.
+    async with as_caller(oauth_port, issuer.token("alice", scope="later")) as alice_again:
+        assert (await call(alice_again, "secret", session_id="analysis"))["result"] == "'alice-only'"
+
+
+async def test_a_caller_without_a_good_jwt_is_refused_and_told_where_to_get_one(
+    oauth_port: int, issuer: Issuer
+) -> None:
+    url = f"http://127.0.0.1:{oauth_port}/mcp"
+    refused = {
+        "no token": None,
+        "expired": issuer.token("alice", lifetime_s=-120),
+        "for another server": issuer.token("alice", audience="https://other.test/mcp"),
+        "of another issuer's key": Issuer(issuer.kid).token("alice"),
+    }
+    async with httpx.AsyncClient() as plain:
+        for why, token in refused.items():
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            response = await plain.post(url, headers=headers, json={})
+            assert response.status_code == 401, why
+            challenge = response.headers["www-authenticate"]
+            assert "resource_metadata=" in challenge, challenge
+        metadata_url = challenge.split('resource_metadata="')[1].split('"')[0]
+        # The challenge names this server's public URL; the path is served here.
+        metadata = (await plain.get(f"http://127.0.0.1:{oauth_port}" + httpx.URL(metadata_url).path)).json()
+    assert metadata["resource"] == RESOURCE
+    assert [server.rstrip("/") for server in metadata["authorization_servers"]] == [ISSUER]
+
+
+def test_a_key_set_that_cannot_be_used_or_an_issuer_left_out_keeps_the_server_from_starting(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "jwks.json").write_text('{"keys": []}')
+    complete = {"MCP_SANDBOX_AUTH_ISSUER": ISSUER, "MCP_SANDBOX_AUTH_RESOURCE_URL": RESOURCE}
+    for env, says in (
+        ({"MCP_SANDBOX_AUTH_JWKS": str(tmp_path / "jwks.json"), **complete}, "not a usable JSON Web Key Set"),
+        ({"MCP_SANDBOX_AUTH_JWKS": str(tmp_path / "jwks.json")}, "needs MCP_SANDBOX_AUTH_ISSUER"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", "http", "--port", "1"],
+            env=server_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode != 0
+        assert says in done.stderr, done.stderr
