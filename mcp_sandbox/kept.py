@@ -98,6 +98,17 @@ class KeptOutputs:
         self._entries[call] = _Entry(principal, key, streams, expires, size)
         self._bytes += size
 
+    def links(self, principal: str) -> list[tuple[str, int]]:
+        """`principal`'s kept outputs, oldest first: (link, characters kept). Another principal's
+        are not there."""
+        self._prune()
+        return [
+            (f"{URI_PREFIX}{call}/{stream}", len(output.text))
+            for call, entry in self._entries.items()
+            if entry.principal == principal
+            for stream, output in entry.streams.items()
+        ]
+
     def _describe(self, stream: str, output: KeptOutput, call: str, session_id: str | None) -> str:
         uri = f"{URI_PREFIX}{call}/{stream}"
         lifetime = f"while session {session_id!r} lives" if session_id else f"for {self._ttl:g} s"

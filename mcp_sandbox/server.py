@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.settings import AuthSettings
+from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.types import (
@@ -18,6 +19,9 @@ from mcp.types import (
     ContentBlock,
     EmbeddedResource,
     ImageContent,
+    ListResourcesResult,
+    PaginatedRequestParams,
+    Resource,
     ResourceLink,
     TextContent,
     TextResourceContents,
@@ -30,6 +34,7 @@ from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App
 from mcp_sandbox.bridge.catalog import NO_MATCH, ToolSpec
 from mcp_sandbox.bridge.stubs import stubs
 from mcp_sandbox.errors import Refused
+from mcp_sandbox.kept import URI_PREFIX as KEPT_PREFIX
 from mcp_sandbox.kept import URI_TEMPLATE, KeptOutputMissing, line_number
 from mcp_sandbox.principals import SOLE, Caller, Verifier
 from mcp_sandbox.result import ExecutionResult
@@ -230,6 +235,24 @@ class SandboxServer(MCPServer):
         super().__init__("mcp-sandbox", **options)
         self._app = app
 
+    async def _handle_list_resources(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListResourcesResult:
+        # The SDK's handler, plus the caller's own kept outputs: a listing is per principal.
+        listed = await super()._handle_list_resources(ctx, params)
+        principal = principal_of_request(ctx.request)
+        kept = [
+            Resource(
+                uri=link,
+                name=link.removeprefix(KEPT_PREFIX),
+                title="A cut output, kept whole",
+                mime_type="text/plain",
+                size=characters,
+            )
+            for link, characters in self._app.kept.links(principal)
+        ]
+        return listed.model_copy(update={"resources": [*listed.resources, *kept]})
+
     async def list_tools(self) -> list[Tool]:
         return [
             tool.model_copy(
@@ -250,9 +273,13 @@ class SandboxServer(MCPServer):
 
 
 def principal_of(ctx: Context) -> str:
-    """The caller's principal: the one its bearer token named (the SDK's bearer middleware puts
-    the verifier's Caller on the request), else the server's sole principal (stdio, no token)."""
-    request = ctx.request_context.request
+    """The caller's principal (principal_of_request) of a tool or resource call."""
+    return principal_of_request(ctx.request_context.request)
+
+
+def principal_of_request(request: object) -> str:
+    """The principal a bearer token named (the SDK's bearer middleware puts the verifier's Caller
+    on the request), else the server's sole principal (stdio, no token)."""
     user = getattr(request, "scope", {}).get("user")
     caller = user.access_token if isinstance(user, AuthenticatedUser) else None
     return caller.principal if isinstance(caller, Caller) else SOLE

@@ -112,6 +112,11 @@ async def test_a_kept_output_link_reads_only_for_its_principal(port: int) -> Non
         assert whole.contents[0].text == "x" * 5000 + "\n"  # type: ignore[union-attr]
         with pytest.raises(MCPError, match="nothing is kept as"):
             await bob.read_resource(link)
+        # Listing shows each principal its own kept outputs, and nothing of the other's.
+        assert link in [str(resource.uri) for resource in (await alice.list_resources()).resources]
+        bobs = await call(bob, LONG_PRINT, session_id="kept")
+        listed = [str(resource.uri) for resource in (await bob.list_resources()).resources]
+        assert bobs["stdout_uri"] in listed and link not in listed, listed
 
 
 async def test_output_files_and_audit_records_carry_the_principal(
