@@ -15,6 +15,7 @@ import anyio
 import httpx
 import pytest
 from mcp import Client
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
@@ -251,3 +252,17 @@ def test_a_key_set_that_cannot_be_used_or_an_issuer_left_out_keeps_the_server_fr
         )
         assert done.returncode != 0
         assert says in done.stderr, done.stderr
+
+
+async def test_over_sse_too_each_principal_has_its_own_session_of_a_name(
+    anyio_backend: str, folders: dict[str, Path]
+) -> None:
+    async with http_server(
+        "sse", MCP_SANDBOX_AUTH_TOKENS_FILE=str(folders["tokens"]), MCP_SANDBOX_BACKEND="inprocess"
+    ) as (serving, _):
+        url = f"http://127.0.0.1:{serving}/sse"
+        async with (
+            Client(sse_client(url, headers={"Authorization": f"Bearer {ALICE}"})) as alice,
+            Client(sse_client(url, headers={"Authorization": f"Bearer {BOB}"})) as bob,
+        ):
+            await neither_reads_nor_resets_the_other(alice, bob)
