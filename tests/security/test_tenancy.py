@@ -259,7 +259,6 @@ async def test_bob_lands_no_file_in_alices_output_folder(port: int, folders: dic
             refused, text, _ = await attempt(bob, "execute_python", arguments)
             assert not refused or "session_id" in text, (session, text)
     assert (output / "alice" / "analysis" / "hers.txt").read_text() == "alice"
-    assert sorted(entry.name for entry in output.iterdir()) == ["alice", "bob"], "nothing outside the two"
     planted = [path for path in output.rglob("*") if path.is_file() and path.read_text() == "planted by bob"]
     assert planted, "bob's own files are copied out: the attack reached the copying"
     assert all(path.relative_to(output).parts[0] == "bob" for path in planted), planted
