@@ -20,6 +20,13 @@ logger = logging.getLogger(__name__)
 FAILURES_BEFORE_TELLING = 2
 
 
+def _named(executor: Executor) -> str:
+    """A sandbox as the log names it: its backend and, for a process, its pid (which the code in it
+    can read too)."""
+    pid = getattr(executor, "pid", None)
+    return f"{executor.backend} sandbox" if pid is None else f"{executor.backend} sandbox {pid}"
+
+
 @dataclass(eq=False)
 class _Waiter:
     ready: anyio.Event = field(default_factory=anyio.Event)
@@ -95,6 +102,9 @@ class ReadyPool:
         if lent and self._recycle:
             self._coming_back -= 1
         if not self._recycle or self._closed or not executor.alive or not executor.reusable:
+            if self._recycle and not self._closed:
+                why = "it died" if not executor.alive else "it was renewed after a crash, for its caller only"
+                logger.debug("a used %s was closed, not recycled: %s", _named(executor), why)
             await self._discard(executor)
             return
         self._coming_back += 1
@@ -112,16 +122,18 @@ class ReadyPool:
         finally:
             self._coming_back -= 1
         if why_not is not None:
-            logger.info("a used %s sandbox was replaced, not recycled: %s", executor.backend, why_not.reason)
+            logger.info("a used %s was replaced, not recycled: %s", _named(executor), why_not.reason)
             await self._discard(executor)
             return
         if self._closed:
             await executor.close()
         elif self._waiters:
             self._hand_over(executor)
+            logger.debug("a used %s was recycled, for a waiting caller", _named(executor))
         else:
             # First in line: its V8 has compiled Pyodide's hot code, a new one's has not.
             self._ready.appendleft(executor)
+            logger.debug("a used %s was recycled, first in line", _named(executor))
             while len(self._ready) > self._size:
                 await self._ready.pop().close()
 

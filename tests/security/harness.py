@@ -35,7 +35,8 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 from mcp_sandbox.backends.subprocess.confine import landlock_abi
 from mcp_sandbox.backends.subprocess.isolation import python_readable_by_anyone
@@ -340,6 +341,69 @@ async def attack_host(client: Client, world: World, tmp: Path, session: str | No
             for victim in host.victims:
                 victim.kill()
                 victim.wait()
+
+
+# --- a server's log, for tests that wait on what the server did ------------------------------
+
+
+class ServerLog:
+    """A server's stderr (its log), read line by line as it comes, so that a test waits for the
+    line saying something happened instead of sleeping and hoping it has (`logged_server`)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._grew = anyio.Event()
+
+    async def read(self, fd: int) -> None:
+        """Read the pipe `fd` until it ends or the task is cancelled."""
+        os.set_blocking(fd, False)
+        pending = b""
+        while True:
+            await anyio.wait_readable(fd)
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return
+            *lines, pending = (pending + chunk).split(b"\n")
+            if lines:
+                self.lines.extend(line.decode(errors="replace") for line in lines)
+                self._grew.set()
+                self._grew = anyio.Event()
+
+    async def find(self, pattern: str, start: int = 0, timeout: float = 60) -> tuple[int, re.Match[str]]:
+        """The first line from index `start` on that matches `pattern`, waiting at most `timeout`
+        seconds for the server to write it: its index and the match."""
+        regex = re.compile(pattern)
+        index = start
+        with anyio.move_on_after(timeout):
+            while True:
+                while index < len(self.lines):
+                    if (match := regex.search(self.lines[index])) is not None:
+                        return index, match
+                    index += 1
+                await self._grew.wait()
+        tail = "\n".join(self.lines[-20:])
+        raise AssertionError(
+            f"the server logged no line matching {pattern!r} in {timeout:g} s; its last:\n{tail}"
+        )
+
+
+@asynccontextmanager
+async def logged_server(params: StdioServerParameters) -> AsyncIterator[tuple[Client, ServerLog]]:
+    """The server `params` start, reached through a real MCP client, with its log read as it comes."""
+    log = ServerLog()
+    read_end, write_end = os.pipe()
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(log.read, read_end)
+            with os.fdopen(write_end, "w") as errlog:
+                async with Client(stdio_client(params, errlog=errlog)) as client:
+                    yield client, log
+            group.cancel_scope.cancel()
+    finally:
+        os.close(read_end)
 
 
 # --- checks: each returns how the attack got through, or None ---------------------------------
