@@ -30,6 +30,7 @@ from mcp_sandbox.kept import KeptOutputs
 from mcp_sandbox.policy import policy_violation
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.principals import SOLE, scoped
+from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import ProgressReport, Sessions
 from mcp_sandbox.settings import Settings
@@ -111,6 +112,9 @@ class App:
         self._sessions: Sessions | None = None
         self.bridge: ToolBridge | None = None
         self.record = ExecutionRecord(settings.audit_log, settings.save_code)
+        #: Each principal's limits: its running calls and calls a minute here, its sessions and
+        #: live sandboxes in Sessions.
+        self.quotas = Quotas(Limits.from_settings(settings))
         #: The whole of cut outputs, behind the links results carry.
         self.kept = KeptOutputs(
             int(settings.max_kept_output_mb * 2**20),
@@ -132,7 +136,7 @@ class App:
         store = self._open_store()  # first in, last out: removed after every task has ended
         task_group = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._stop, task_group)
-        sessions = Sessions(self.settings, store)
+        sessions = Sessions(self.settings, store, quotas=self.quotas)
         try:
             if self.settings.bridge_config is not None or self._local is not None:
                 config = BridgeConfig()
@@ -194,20 +198,26 @@ class App:
         the same name is another session.
 
         Raises InvalidRequest for arguments over a limit, PoolUnavailable or
-        SessionLimitReached when no sandbox can be had, and SessionElsewhere when another
-        instance sharing the state folder runs the session.
+        SessionLimitReached when no sandbox can be had, SessionElsewhere when another
+        instance sharing the state folder runs the session, and quotas.LimitReached when
+        `principal` is at one of its own limits (MCP_SANDBOX_PRINCIPAL_*).
         """
         settings = self.settings
         check_request(settings, code, session_id, timeout)
         key = scoped(principal, session_id) if session_id is not None else None
-        if (reason := self.refusal(code)) is not None:
-            result = ExecutionResult.failure("Rejected", reason, backend=self.backend.name)
-        else:
-            result = await self.sessions.run(
-                code, timeout=settings.clamp_timeout(timeout), session_id=key, progress=progress
-            )
-            if notes := self.backend.notes_for(result):
-                result = result.model_copy(update={"notes": [*result.notes, *notes]})
+        with self.quotas.call(principal):
+            if (reason := self.refusal(code)) is not None:
+                result = ExecutionResult.failure("Rejected", reason, backend=self.backend.name)
+            else:
+                result = await self.sessions.run(
+                    code,
+                    timeout=settings.clamp_timeout(timeout),
+                    session_id=key,
+                    progress=progress,
+                    principal=principal,
+                )
+                if notes := self.backend.notes_for(result):
+                    result = result.model_copy(update={"notes": [*result.notes, *notes]})
         result = result.model_copy(update={"session_id": session_id})  # the caller's own name for it
         self.kept.keep(result, principal, key)
         if settings.output_dir is not None and result.files:

@@ -12,6 +12,8 @@ import anyio.abc
 
 from mcp_sandbox.backends.base import Executor, NotDone, SandboxStartError
 from mcp_sandbox.errors import PoolUnavailable
+from mcp_sandbox.principals import SOLE
+from mcp_sandbox.quotas import RoundRobin
 from mcp_sandbox.retry import Backoff
 
 logger = logging.getLogger(__name__)
@@ -35,11 +37,14 @@ class _Waiter:
 
 
 class ReadyPool:
-    """Keeps `size` started executors ready; hands them out first come, first served.
+    """Keeps `size` started executors ready; hands them out first come, first served, in turn
+    across principals.
 
     When more callers wait than there are ready sandboxes, more are started (at most
     `max_starting` at once, since each start is CPU-bound), and each new one goes to the
-    longest waiter. A caller waits at most `acquire_timeout` seconds.
+    longest waiter of the principal whose turn it is (`quotas.RoundRobin`): a flood of one
+    principal's calls delays another's by at most one sandbox. A caller waits at most
+    `acquire_timeout` seconds.
 
     A caller done with a sandbox gives it back (`release`): with `recycle`, it is reset in place
     in the background and is ready again in milliseconds; otherwise, or when it cannot be
@@ -62,7 +67,7 @@ class ReadyPool:
         self._task_group = task_group
         self._acquire_timeout = acquire_timeout
         self._ready: deque[Executor] = deque()
-        self._waiters: deque[_Waiter] = deque()
+        self._waiters: RoundRobin[_Waiter] = RoundRobin()
         self._starting = 0
         self._recycle = recycle
         #: Lent out for one call, or being reset: each will most likely be ready again soon.
@@ -85,12 +90,13 @@ class ReadyPool:
             self._starting += 1
             self._task_group.start_soon(self._start_one)
 
-    async def acquire(self, *, lend: bool = False) -> Executor:
+    async def acquire(self, *, lend: bool = False, principal: str = SOLE) -> Executor:
         """A ready executor, now or as soon as one starts. Raises PoolUnavailable. `lend`: the
-        caller gives it back with `release` after one call."""
+        caller gives it back with `release` after one call. `principal`: whose call waits, for
+        its turn."""
         if self._closed:
             raise PoolUnavailable("the server is shutting down")
-        executor = await self._acquire()
+        executor = await self._acquire(principal)
         if lend and self._recycle:
             self._coming_back += 1
         self.fill()
@@ -142,21 +148,21 @@ class ReadyPool:
         waiter.executor = executor
         waiter.ready.set()
 
-    async def _acquire(self) -> Executor:
+    async def _acquire(self, principal: str) -> Executor:
         while self._ready:
             executor = self._ready.popleft()
             if executor.alive:
                 return executor
             await executor.close()
         waiter = _Waiter()
-        self._waiters.append(waiter)
+        self._waiters.append(principal, waiter)
         self.fill()
         try:
             with anyio.move_on_after(self._acquire_timeout):
                 await waiter.ready.wait()
         finally:
             if not waiter.ready.is_set():
-                self._waiters.remove(waiter)
+                self._waiters.remove(principal, waiter)
         if waiter.executor is not None:
             return waiter.executor
         raise PoolUnavailable(

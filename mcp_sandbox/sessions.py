@@ -18,6 +18,8 @@ from mcp_sandbox.errors import SessionLimitReached
 from mcp_sandbox.leases import Leases
 from mcp_sandbox.lifecycle import Resumed, Session, SessionState, Timings
 from mcp_sandbox.pool import ReadyPool
+from mcp_sandbox.principals import SOLE
+from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import (
@@ -28,6 +30,12 @@ logger = logging.getLogger(__name__)
 
 #: Receives (seconds elapsed, latest line of output) while a call runs.
 ProgressReport = Callable[[float, str | None], Awaitable[None]]
+
+
+def owner(session_id: str) -> str:
+    """The principal whose session this is: the inverse of `principals.scoped` (neither a
+    principal's name nor a session id holds a "/")."""
+    return session_id.rpartition("/")[0]
 
 
 class ProgressRelay:
@@ -69,9 +77,15 @@ class Sessions:
     """
 
     def __init__(
-        self, settings: Settings, store: DirectoryStore | None = None, timings: Timings | None = None
+        self,
+        settings: Settings,
+        store: DirectoryStore | None = None,
+        timings: Timings | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self._timings = timings or Timings()
+        #: Each principal's limits on sessions and live sandboxes.
+        self._quotas = quotas or Quotas(Limits.from_settings(settings))
         self._pool: ReadyPool | None = None
         self._attached: tuple[Checkpoints, Leases] | None = None
         self._settings = settings
@@ -139,6 +153,11 @@ class Sessions:
         session = self._sessions.get(session_id)
         return session.saved.call if session is not None else 0
 
+    def _held_by(self, principal: str) -> tuple[int, int]:
+        """How many sessions `principal` has open here, and how many of them hold a sandbox."""
+        own = [session for key, session in self._sessions.items() if owner(key) == principal]
+        return len(own), sum(session.live for session in own)
+
     async def run(
         self,
         code: str,
@@ -146,10 +165,14 @@ class Sessions:
         timeout: float,
         session_id: str | None = None,
         progress: ProgressReport | None = None,
+        principal: str = SOLE,
     ) -> ExecutionResult:
+        """Run `code` on its own (no session) or in session `session_id` (a scoped name, which
+        `principal` owns). Raises PoolUnavailable, SessionLimitReached, SessionElsewhere, and
+        LimitReached when the principal is at one of its limits."""
         if session_id is None:
             for _ in range(2):  # once more if the sandbox turns out to have died while it waited
-                executor = await self._ready_pool.acquire(lend=True)
+                executor = await self._ready_pool.acquire(lend=True, principal=principal)
                 try:
                     result = await self._run_in(executor, code, timeout, progress)
                 finally:
@@ -158,6 +181,12 @@ class Sessions:
                     break
             return result
         session = self._sessions.get(session_id)
+        opened, live = self._held_by(principal)
+        if session is None:
+            self._quotas.check_new_session(principal, opened, self._settings.session_ttl)
+        if session is None or not (session.live or session.lock.locked()):
+            # Checked again as it takes one (under its lock); here so no session is made for nothing.
+            self._quotas.check_new_sandbox(principal, live)
         if session is None:
             if len(self._sessions) >= self._settings.max_sessions:
                 raise SessionLimitReached(
@@ -169,7 +198,7 @@ class Sessions:
         async with session.lock:
             try:
                 await self._leases.hold(session)
-                executor, resumed = await self._provide(session)
+                executor, resumed = await self._provide(session, principal)
                 result = await self._run_in(executor, code, timeout, progress)
                 if result.session_lost and executor.found_dead and resumed.said_nothing:
                     # Died between calls unnoticed until now: the program never started, so it runs
@@ -177,7 +206,7 @@ class Sessions:
                     await self._lose_sandbox(session)
                     if not session.calls:
                         session.to(SessionState.NEW)  # nothing had run in it: nothing is lost
-                    executor, resumed = await self._provide(session)
+                    executor, resumed = await self._provide(session, principal)
                     result = await self._run_in(executor, code, timeout, progress)
                 if result.session_lost:
                     renewed = await self._lose_sandbox(session, keep_renewed=True)
@@ -211,17 +240,19 @@ class Sessions:
                 if session.executor is None:
                     await self._leases.release(session)
 
-    async def _provide(self, session: Session) -> tuple[Executor, Resumed]:
+    async def _provide(self, session: Session, principal: str) -> tuple[Executor, Resumed]:
         """The session's live sandbox: its own, or a new one holding its checkpoint (or a clean
-        one), with what the call's result must say about that."""
+        one), with what the call's result must say about that. Raises LimitReached when
+        `principal` holds as many sandboxes as it may."""
         if session.executor is not None and not session.executor.alive:
             await self._lose_sandbox(session)  # died between calls
         if session.executor is not None:
             return session.executor, Resumed()
-        await self._checkpoints.make_room(session)
-        resumed = await self._checkpoints.resume(session)
-        if session.executor is None:
-            session.to(SessionState.LIVE, await self._ready_pool.acquire())
+        with self._quotas.taking_sandbox(principal, self._held_by(principal)[1]):
+            await self._checkpoints.make_room(session)
+            resumed = await self._checkpoints.resume(session)
+            if session.executor is None:
+                session.to(SessionState.LIVE, await self._ready_pool.acquire(principal=principal))
         assert session.executor is not None
         return session.executor, resumed
 

@@ -120,6 +120,32 @@ class Settings(BaseSettings):
         description="pyodide, subprocess: the most sessions holding a sandbox at once; past it, the least "
         "recently used idle session is hibernated (0: no limit but max_sessions).",
     )
+    principal_max_sessions: int = Field(
+        0,
+        ge=0,
+        description="Sessions one principal (a caller of the tokens file) may have open at once; past it, "
+        "its new sessions are refused. 0: half of max_sessions (rounded up) for each principal of a tokens "
+        "file, so no one of them can take them all; a server without one: max_sessions only.",
+    )
+    principal_max_live_sandboxes: int = Field(
+        0,
+        ge=0,
+        description="Sessions of one principal holding a sandbox at once; past it, a session of its that "
+        "needs one is refused until one of its sessions hibernates or is reset (0: no limit of its own).",
+    )
+    principal_max_running_calls: int = Field(
+        0,
+        ge=0,
+        description="Calls of one principal running or waiting for a sandbox at once; past it, its calls are "
+        "refused (0: no limit of its own). Whatever it is, calls waiting for a sandbox are served round "
+        "robin across principals, so one principal's flood delays another's call by at most one of its own.",
+    )
+    principal_calls_per_minute: int = Field(
+        0,
+        ge=0,
+        description="Calls one principal may make in any 60 seconds; past it, its calls are refused "
+        "(0: no limit).",
+    )
     max_state_mb: int = Field(
         512, ge=1, description="Largest state one session's checkpoint may hold, in MB (before compression)."
     )
