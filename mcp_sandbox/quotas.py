@@ -41,25 +41,25 @@ class Limits:
     live_sandboxes: int = 0
     running_calls: int = 0
     calls_per_minute: int = 0
-    #: Sessions a principal of a tokens file may hold when `sessions` is 0: a share of the
-    #: server's, so that no one principal can take them all (0: no limit of its own).
+    #: Sessions each principal may hold when `sessions` is 0 on a server with several (a tokens
+    #: file or an OAuth issuer): a share of the server's, so no one can take them all (0: none).
     shared_sessions: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
+        several = settings.auth_tokens_file is not None or settings.auth_jwks is not None
         return cls(
             sessions=settings.principal_max_sessions,
             live_sandboxes=settings.principal_max_live_sandboxes,
             running_calls=settings.principal_max_running_calls,
             calls_per_minute=settings.principal_calls_per_minute,
-            shared_sessions=math.ceil(settings.max_sessions / 2),
+            shared_sessions=math.ceil(settings.max_sessions / 2) if several else 0,
         )
 
-    def sessions_for(self, principal: str) -> int:
-        """The most sessions `principal` may hold (0: none of its own, only the server's)."""
-        if self.sessions:
-            return self.sessions
-        return 0 if principal == SOLE else self.shared_sessions
+    @property
+    def max_sessions(self) -> int:
+        """The most sessions one principal may hold (0: no limit of its own, only the server's)."""
+        return self.sessions or self.shared_sessions
 
 
 def _who(principal: str) -> str:
@@ -120,7 +120,7 @@ class Quotas:
 
     def check_new_session(self, principal: str, open_sessions: int, ttl: float) -> None:
         """Before `principal` opens another session, holding `open_sessions`. Raises LimitReached."""
-        limit = self.limits.sessions_for(principal)
+        limit = self.limits.max_sessions
         if limit and open_sessions >= limit:
             raise LimitReached(
                 f"{_who(principal)} has {open_sessions} sessions open, the most "

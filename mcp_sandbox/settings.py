@@ -123,9 +123,9 @@ class Settings(BaseSettings):
     principal_max_sessions: int = Field(
         0,
         ge=0,
-        description="Sessions one principal (a caller of the tokens file) may have open at once; past it, "
-        "its new sessions are refused. 0: half of max_sessions (rounded up) for each principal of a tokens "
-        "file, so no one of them can take them all; a server without one: max_sessions only.",
+        description="Sessions one principal may have open at once; past it, its new sessions are refused. "
+        "0: half of max_sessions (rounded up) on a server with a tokens file or an OAuth issuer, so no one "
+        "principal can take them all; on any other (one principal): no limit but max_sessions.",
     )
     principal_max_live_sandboxes: int = Field(
         0,

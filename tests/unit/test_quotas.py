@@ -3,6 +3,8 @@ the ready pool and sessions that use them, with fake executors."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import pytest
 
@@ -97,8 +99,10 @@ def test_a_principal_with_nothing_running_or_recent_leaves_nothing_behind() -> N
     assert set(quotas._recent) == {"dave"}
 
 
-def test_sessions_a_principal_of_a_tokens_file_may_hold_default_to_half_of_the_server() -> None:
-    shared = Quotas(Limits.from_settings(Settings(max_sessions=5)))
+def test_sessions_a_principal_may_hold_default_to_half_of_the_server_when_it_has_several(
+    tmp_path: Path,
+) -> None:
+    shared = Quotas(Limits.from_settings(Settings(max_sessions=5, auth_tokens_file=tmp_path / "tokens")))
     shared.check_new_session("alice", 2, 600)
     with pytest.raises(LimitReached) as refused:
         shared.check_new_session("alice", 3, 600)
@@ -106,7 +110,10 @@ def test_sessions_a_principal_of_a_tokens_file_may_hold_default_to_half_of_the_s
         "alice has 3 sessions open, the most MCP_SANDBOX_PRINCIPAL_MAX_SESSIONS allows; call "
         "reset_session on one you no longer need, or wait for idle ones to expire (600 s)"
     )
-    shared.check_new_session(SOLE, 4, 600)  # a server without a tokens file: max_sessions only
+    with pytest.raises(LimitReached, match="this caller has 3 sessions open"):
+        shared.check_new_session(SOLE, 3, 600)  # a sole token beside the file: one of several
+    alone = Quotas(Limits.from_settings(Settings(max_sessions=5)))
+    alone.check_new_session(SOLE, 4, 600)  # a server without a tokens file: max_sessions only
     explicit = Quotas(Limits.from_settings(Settings(max_sessions=5, principal_max_sessions=1)))
     with pytest.raises(LimitReached, match="this caller has 1 sessions open"):
         explicit.check_new_session(SOLE, 1, 600)
@@ -211,10 +218,10 @@ async def test_sessions_refuse_a_principal_past_its_sessions_and_live_sandboxes_
         group.cancel_scope.cancel()
 
 
-async def test_a_principal_of_a_tokens_file_leaves_half_the_sessions_to_the_others() -> None:
+async def test_a_principal_of_a_server_with_a_tokens_file_leaves_half_the_sessions_to_the_others() -> None:
     async with anyio.create_task_group() as group:
         pool = ReadyPool(quick_start, size=1, task_group=group, acquire_timeout=5)
-        sessions = Sessions(Settings(max_sessions=4, interrupt_grace=0.05))
+        sessions = Sessions(Settings(max_sessions=4, interrupt_grace=0.05, auth_tokens_file="tokens.json"))
         sessions.attach(pool)
         for name in ("a", "b"):
             await sessions.run("1", timeout=5, session_id=f"alice/{name}", principal="alice")
