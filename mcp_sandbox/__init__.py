@@ -1,6 +1,13 @@
 """mcp-sandbox: an MCP server that runs Python for LLM agents in a sandbox."""
 
-from mcp_sandbox.errors import InvalidRequest, PoolUnavailable, Refused, SessionElsewhere, SessionLimitReached
+from mcp_sandbox.errors import (
+    InvalidRequest,
+    PoolUnavailable,
+    PrincipalLimitReached,
+    Refused,
+    SessionElsewhere,
+    SessionLimitReached,
+)
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.settings import Settings
@@ -10,6 +17,7 @@ __all__ = [
     "ExecutionResult",
     "InvalidRequest",
     "PoolUnavailable",
+    "PrincipalLimitReached",
     "Refused",
     "Sandbox",
     "SessionElsewhere",

@@ -29,7 +29,7 @@ from mcp_sandbox.errors import InvalidRequest
 from mcp_sandbox.kept import KeptOutputs
 from mcp_sandbox.policy import policy_violation
 from mcp_sandbox.pool import ReadyPool
-from mcp_sandbox.principals import SOLE, scoped
+from mcp_sandbox.principals import SOLE, output_folder, scoped
 from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import ProgressReport, Sessions
@@ -199,7 +199,7 @@ class App:
 
         Raises InvalidRequest for arguments over a limit, PoolUnavailable or
         SessionLimitReached when no sandbox can be had, SessionElsewhere when another
-        instance sharing the state folder runs the session, and quotas.LimitReached when
+        instance sharing the state folder runs the session, and PrincipalLimitReached when
         `principal` is at one of its own limits (MCP_SANDBOX_PRINCIPAL_*).
         """
         settings = self.settings
@@ -221,7 +221,7 @@ class App:
         result = result.model_copy(update={"session_id": session_id})  # the caller's own name for it
         self.kept.keep(result, principal, key)
         if settings.output_dir is not None and result.files:
-            folder = settings.output_dir / principal if principal != SOLE else settings.output_dir
+            folder = output_folder(settings.output_dir, principal, many=settings.many_principals)
             await anyio.to_thread.run_sync(result.save_files, folder)
         await self.record.add(code, result, principal)
         return result

@@ -19,8 +19,23 @@ class SessionLimitReached(Refused):
     """Every session slot is taken."""
 
 
+class PrincipalLimitReached(Refused):
+    """A principal is at one of its own limits (quotas.py); `setting` is the variable that sets it."""
+
+    def __init__(self, message: str, setting: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
 class SessionElsewhere(Refused):
     """Another instance sharing the state store runs the session, and kept it past the wait."""
 
 
-__all__ = ["InvalidRequest", "PoolUnavailable", "Refused", "SessionElsewhere", "SessionLimitReached"]
+__all__ = [
+    "InvalidRequest",
+    "PoolUnavailable",
+    "PrincipalLimitReached",
+    "Refused",
+    "SessionElsewhere",
+    "SessionLimitReached",
+]

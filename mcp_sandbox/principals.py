@@ -36,6 +36,15 @@ class TokensFileError(Exception):
     """The tokens file cannot be used; the message says why and what to do."""
 
 
+def output_folder(root: Path, principal: str, *, many: bool) -> Path:
+    """Where a principal's output files go under MCP_SANDBOX_OUTPUT_DIR: its own folder. The sole
+    principal's is the root itself, unless the server has other principals too (`many`): then it
+    is `_sole`, which no principal's name can be, so none of its session folders is theirs."""
+    if principal != SOLE:
+        return root / principal
+    return root / "_sole" if many else root
+
+
 def scoped(principal: str, session_id: str) -> str:
     """The name a principal's session has inside this server and in the store: session ids
     cannot hold "/", so two principals' sessions of one name never meet."""

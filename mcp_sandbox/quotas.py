@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from mcp_sandbox.errors import Refused
+from mcp_sandbox.errors import PrincipalLimitReached
 from mcp_sandbox.principals import SOLE
 from mcp_sandbox.settings import Settings
 
@@ -23,14 +23,6 @@ from mcp_sandbox.settings import Settings
 MINUTE = 60.0
 
 T = TypeVar("T")
-
-
-class LimitReached(Refused):
-    """A principal is at one of its own limits; `setting` is the variable that sets it."""
-
-    def __init__(self, message: str, setting: str) -> None:
-        super().__init__(message)
-        self.setting = setting
 
 
 @dataclass(frozen=True)
@@ -47,13 +39,12 @@ class Limits:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
-        several = settings.auth_tokens_file is not None or settings.auth_jwks is not None
         return cls(
             sessions=settings.principal_max_sessions,
             live_sandboxes=settings.principal_max_live_sandboxes,
             running_calls=settings.principal_max_running_calls,
             calls_per_minute=settings.principal_calls_per_minute,
-            shared_sessions=math.ceil(settings.max_sessions / 2) if several else 0,
+            shared_sessions=math.ceil(settings.max_sessions / 2) if settings.many_principals else 0,
         )
 
     @property
@@ -89,12 +80,12 @@ class Quotas:
 
     @contextmanager
     def call(self, principal: str) -> Iterator[None]:
-        """Hold one running call of `principal` for the block. Raises LimitReached, before
+        """Hold one running call of `principal` for the block. Raises PrincipalLimitReached, before
         counting anything, when it has as many running as it may, or made as many this minute."""
         limits, now = self.limits, self._clock()
         running = self._running[principal]
         if limits.running_calls and running >= limits.running_calls:
-            raise LimitReached(
+            raise PrincipalLimitReached(
                 f"{_who(principal)} has {running} calls running, the most "
                 "MCP_SANDBOX_PRINCIPAL_MAX_RUNNING_CALLS allows; wait for one to finish",
                 "MCP_SANDBOX_PRINCIPAL_MAX_RUNNING_CALLS",
@@ -105,7 +96,7 @@ class Quotas:
                 recent.popleft()
             if len(recent) >= limits.calls_per_minute:
                 wait = math.ceil(recent[0] + MINUTE - now)
-                raise LimitReached(
+                raise PrincipalLimitReached(
                     f"{_who(principal)} made {len(recent)} calls in the last minute, the most "
                     f"MCP_SANDBOX_PRINCIPAL_CALLS_PER_MINUTE allows; try again in {wait} s",
                     "MCP_SANDBOX_PRINCIPAL_CALLS_PER_MINUTE",
@@ -119,10 +110,10 @@ class Quotas:
             self._forget_idle(principal)
 
     def check_new_session(self, principal: str, open_sessions: int, ttl: float) -> None:
-        """Before `principal` opens another session, holding `open_sessions`. Raises LimitReached."""
+        """Before `principal` opens another session, holding `open_sessions`. Raises PrincipalLimitReached."""
         limit = self.limits.max_sessions
         if limit and open_sessions >= limit:
-            raise LimitReached(
+            raise PrincipalLimitReached(
                 f"{_who(principal)} has {open_sessions} sessions open, the most "
                 "MCP_SANDBOX_PRINCIPAL_MAX_SESSIONS allows; call reset_session on one you no longer "
                 f"need, or wait for idle ones to expire ({ttl:g} s)",
@@ -131,11 +122,11 @@ class Quotas:
 
     def check_new_sandbox(self, principal: str, live: int) -> None:
         """Before a session of `principal`, which has `live` sessions holding a sandbox, is given
-        one. Raises LimitReached."""
+        one. Raises PrincipalLimitReached."""
         limit = self.limits.live_sandboxes
         held = live + self._taking[principal]
         if limit and held >= limit:
-            raise LimitReached(
+            raise PrincipalLimitReached(
                 f"{_who(principal)} has {held} sessions holding a sandbox, the most "
                 "MCP_SANDBOX_PRINCIPAL_MAX_LIVE_SANDBOXES allows; reset one you no longer need, or "
                 "wait for an idle one to hibernate (MCP_SANDBOX_HIBERNATE_AFTER)",
@@ -145,7 +136,7 @@ class Quotas:
     @contextmanager
     def taking_sandbox(self, principal: str, live: int) -> Iterator[None]:
         """Count a sandbox a session of `principal` is being given, for the block (the taking
-        waits, and two sessions taking at once must not both pass the check). Raises LimitReached."""
+        waits, and two sessions taking at once must not both pass the check). Raises PrincipalLimitReached."""
         self.check_new_sandbox(principal, live)
         self._taking[principal] += 1
         try:

@@ -169,7 +169,7 @@ class Sessions:
     ) -> ExecutionResult:
         """Run `code` on its own (no session) or in session `session_id` (a scoped name, which
         `principal` owns). Raises PoolUnavailable, SessionLimitReached, SessionElsewhere, and
-        LimitReached when the principal is at one of its limits."""
+        PrincipalLimitReached when the principal is at one of its limits."""
         if session_id is None:
             for _ in range(2):  # once more if the sandbox turns out to have died while it waited
                 executor = await self._ready_pool.acquire(lend=True, principal=principal)
@@ -242,7 +242,7 @@ class Sessions:
 
     async def _provide(self, session: Session, principal: str) -> tuple[Executor, Resumed]:
         """The session's live sandbox: its own, or a new one holding its checkpoint (or a clean
-        one), with what the call's result must say about that. Raises LimitReached when
+        one), with what the call's result must say about that. Raises PrincipalLimitReached when
         `principal` holds as many sandboxes as it may."""
         if session.executor is not None and not session.executor.alive:
             await self._lose_sandbox(session)  # died between calls

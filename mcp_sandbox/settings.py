@@ -321,6 +321,11 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def many_principals(self) -> bool:
+        """Callers may be principals of their own: a tokens file or an OAuth issuer is set."""
+        return self.auth_tokens_file is not None or self.auth_jwks is not None
+
+    @property
     def packages_folder(self) -> Path:
         return self.packages_dir or self.cache_dir / "packages"
 

@@ -265,11 +265,6 @@ async def test_bob_lands_no_file_in_alices_output_folder(port: int, folders: dic
     assert not [path for path in output.rglob("*") if path.is_symlink()], "a link was copied out"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the sole principal's (MCP_SANDBOX_AUTH_TOKEN beside the file) output folder is "
-    "MCP_SANDBOX_OUTPUT_DIR itself, so its session 'alice' is alice's folder (app.py)",
-)
 async def test_the_operators_session_named_alice_lands_no_file_in_alices_folder(
     port: int, folders: dict[str, Path]
 ) -> None:
@@ -280,6 +275,8 @@ async def test_the_operators_session_named_alice_lands_no_file_in_alices_folder(
     assert not (output / "alice" / "analysis" / "x.txt").exists(), (
         "the operator wrote into alice's session folder"
     )
+    # The sole principal's folder is one no principal's name can be.
+    assert (output / "_sole" / "alice" / "analysis" / "x.txt").read_text() == "op"
 
 
 # --- the audit record -------------------------------------------------------------------------

@@ -12,6 +12,7 @@ def test_every_refusal_is_one_exported_base() -> None:
         errors.PoolUnavailable,
         errors.SessionLimitReached,
         errors.SessionElsewhere,
+        errors.PrincipalLimitReached,
     ]
     for refusal in refusals:
         assert issubclass(refusal, mcp_sandbox.Refused)

@@ -9,10 +9,10 @@ import anyio
 import pytest
 
 from mcp_sandbox.backends.base import Executor
-from mcp_sandbox.errors import Refused
+from mcp_sandbox.errors import PrincipalLimitReached, Refused
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.principals import SOLE
-from mcp_sandbox.quotas import MINUTE, LimitReached, Limits, Quotas, RoundRobin
+from mcp_sandbox.quotas import MINUTE, Limits, Quotas, RoundRobin
 from mcp_sandbox.sessions import Sessions, owner
 from mcp_sandbox.settings import Settings
 from tests.unit.fakes import FakeExecutor
@@ -33,7 +33,7 @@ class Clock:
 def test_running_calls_past_the_limit_are_refused_naming_the_setting_and_only_their_principal() -> None:
     quotas = Quotas(Limits(running_calls=2))
     with quotas.call("alice"), quotas.call("alice"):
-        with pytest.raises(LimitReached) as refused:
+        with pytest.raises(PrincipalLimitReached) as refused:
             with quotas.call("alice"):
                 pass
         message = str(refused.value)
@@ -54,7 +54,7 @@ def test_a_refused_call_counts_for_nothing() -> None:
     quotas = Quotas(Limits(running_calls=1, calls_per_minute=5), clock)
     with quotas.call("alice"):
         for _ in range(10):
-            with pytest.raises(LimitReached, match="RUNNING_CALLS"), quotas.call("alice"):
+            with pytest.raises(PrincipalLimitReached, match="RUNNING_CALLS"), quotas.call("alice"):
                 pass
     for _ in range(4):  # the refused ten took none of the five a minute
         with quotas.call("alice"):
@@ -68,7 +68,7 @@ def test_calls_per_minute_count_a_sliding_minute_on_the_clock() -> None:
         with quotas.call("alice"):
             pass
         clock.now += 10  # calls at 1000, 1010, 1020
-    with pytest.raises(LimitReached) as refused, quotas.call("alice"):
+    with pytest.raises(PrincipalLimitReached) as refused, quotas.call("alice"):
         pass
     assert str(refused.value) == (
         "alice made 3 calls in the last minute, the most MCP_SANDBOX_PRINCIPAL_CALLS_PER_MINUTE "
@@ -79,7 +79,7 @@ def test_calls_per_minute_count_a_sliding_minute_on_the_clock() -> None:
     clock.now = 1000 + MINUTE  # the call at 1000 is a minute old
     with quotas.call("alice"):
         pass
-    with pytest.raises(LimitReached, match="try again in 10 s"), quotas.call("alice"):
+    with pytest.raises(PrincipalLimitReached, match="try again in 10 s"), quotas.call("alice"):
         pass
 
 
@@ -104,25 +104,25 @@ def test_sessions_a_principal_may_hold_default_to_half_of_the_server_when_it_has
 ) -> None:
     shared = Quotas(Limits.from_settings(Settings(max_sessions=5, auth_tokens_file=tmp_path / "tokens")))
     shared.check_new_session("alice", 2, 600)
-    with pytest.raises(LimitReached) as refused:
+    with pytest.raises(PrincipalLimitReached) as refused:
         shared.check_new_session("alice", 3, 600)
     assert str(refused.value) == (
         "alice has 3 sessions open, the most MCP_SANDBOX_PRINCIPAL_MAX_SESSIONS allows; call "
         "reset_session on one you no longer need, or wait for idle ones to expire (600 s)"
     )
-    with pytest.raises(LimitReached, match="this caller has 3 sessions open"):
+    with pytest.raises(PrincipalLimitReached, match="this caller has 3 sessions open"):
         shared.check_new_session(SOLE, 3, 600)  # a sole token beside the file: one of several
     alone = Quotas(Limits.from_settings(Settings(max_sessions=5)))
     alone.check_new_session(SOLE, 4, 600)  # a server without a tokens file: max_sessions only
     explicit = Quotas(Limits.from_settings(Settings(max_sessions=5, principal_max_sessions=1)))
-    with pytest.raises(LimitReached, match="this caller has 1 sessions open"):
+    with pytest.raises(PrincipalLimitReached, match="this caller has 1 sessions open"):
         explicit.check_new_session(SOLE, 1, 600)
 
 
 def test_sandboxes_being_taken_count_against_the_live_limit() -> None:
     quotas = Quotas(Limits(live_sandboxes=2))
     with quotas.taking_sandbox("alice", 1):
-        with pytest.raises(LimitReached) as refused, quotas.taking_sandbox("alice", 1):
+        with pytest.raises(PrincipalLimitReached) as refused, quotas.taking_sandbox("alice", 1):
             pass
         assert str(refused.value).startswith(
             "alice has 2 sessions holding a sandbox, the most MCP_SANDBOX_PRINCIPAL_MAX_LIVE_SANDBOXES allows"
@@ -206,7 +206,7 @@ async def test_sessions_refuse_a_principal_past_its_sessions_and_live_sandboxes_
         sessions = Sessions(settings)
         sessions.attach(pool)
         assert (await sessions.run("1", timeout=5, session_id="alice/a", principal="alice")).success
-        with pytest.raises(LimitReached, match="alice has 1 sessions holding a sandbox"):
+        with pytest.raises(PrincipalLimitReached, match="alice has 1 sessions holding a sandbox"):
             await sessions.run("1", timeout=5, session_id="alice/b", principal="alice")
         assert not sessions.has("alice/b"), "a refused session is not made"
         assert (await sessions.run("2", timeout=5, session_id="alice/a", principal="alice")).success
@@ -225,7 +225,7 @@ async def test_a_principal_of_a_server_with_a_tokens_file_leaves_half_the_sessio
         sessions.attach(pool)
         for name in ("a", "b"):
             await sessions.run("1", timeout=5, session_id=f"alice/{name}", principal="alice")
-        with pytest.raises(LimitReached, match="MCP_SANDBOX_PRINCIPAL_MAX_SESSIONS"):
+        with pytest.raises(PrincipalLimitReached, match="MCP_SANDBOX_PRINCIPAL_MAX_SESSIONS"):
             await sessions.run("1", timeout=5, session_id="alice/c", principal="alice")
         for name in ("a", "b"):
             await sessions.run("1", timeout=5, session_id=f"bob/{name}", principal="bob")
