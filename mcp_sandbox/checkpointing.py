@@ -16,6 +16,7 @@ from mcp_sandbox.backends.base import Backend, Executor, NotDone, SandboxStartEr
 from mcp_sandbox.leases import Leases
 from mcp_sandbox.lifecycle import Refusal, Resumed, Saved, Session, SessionState, Timings, account
 from mcp_sandbox.pool import ReadyPool
+from mcp_sandbox.principals import owner
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import DirectoryStore, LeaseTaken, SavedState, StateUnusable, StoreError
 
@@ -122,7 +123,11 @@ class Checkpoints:
                 f"the session's saved state is from another sandbox build ({state.build}; this "
                 f"server runs {backend.build})"
             )
-        executor = renewed if renewed is not None and renewed.alive else await self._ready_pool.acquire()
+        executor = (
+            renewed
+            if renewed is not None and renewed.alive
+            else await self._ready_pool.acquire(principal=owner(session.session_id))
+        )
         refused = await executor.restore(state.payload)
         if refused is not None:
             await executor.close()  # half restored, perhaps: never reused

@@ -18,7 +18,7 @@ from mcp_sandbox.errors import SessionLimitReached
 from mcp_sandbox.leases import Leases
 from mcp_sandbox.lifecycle import Resumed, Session, SessionState, Timings
 from mcp_sandbox.pool import ReadyPool
-from mcp_sandbox.principals import SOLE
+from mcp_sandbox.principals import SOLE, owner
 from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
@@ -30,12 +30,6 @@ logger = logging.getLogger(__name__)
 
 #: Receives (seconds elapsed, latest line of output) while a call runs.
 ProgressReport = Callable[[float, str | None], Awaitable[None]]
-
-
-def owner(session_id: str) -> str:
-    """The principal whose session this is: the inverse of `principals.scoped` (neither a
-    principal's name nor a session id holds a "/")."""
-    return session_id.rpartition("/")[0]
 
 
 class ProgressRelay:

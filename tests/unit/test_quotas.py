@@ -11,9 +11,9 @@ import pytest
 from mcp_sandbox.backends.base import Executor
 from mcp_sandbox.errors import PrincipalLimitReached, Refused
 from mcp_sandbox.pool import ReadyPool
-from mcp_sandbox.principals import SOLE
+from mcp_sandbox.principals import SOLE, owner
 from mcp_sandbox.quotas import MINUTE, Limits, Quotas, RoundRobin
-from mcp_sandbox.sessions import Sessions, owner
+from mcp_sandbox.sessions import Sessions
 from mcp_sandbox.settings import Settings
 from tests.unit.fakes import FakeExecutor
 
