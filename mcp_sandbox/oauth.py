@@ -97,6 +97,13 @@ class JwtVerifier:
             return self._file.key(jwt.get_unverified_header(token).get("kid"))
         assert self._client is not None
         client = self._client
+        kept = client.jwk_set_cache.get() if client.jwk_set_cache is not None else None
+        kid = jwt.get_unverified_header(token).get("kid")
+        if kept is not None and kid is not None:
+            try:
+                return kept[kid]  # a key of the set still kept: no fetch, so no thread
+            except KeyError:
+                pass
         # urllib, so off the event loop; the client caches the set and limits refetches on unknown keys.
         return await anyio.to_thread.run_sync(client.get_signing_key_from_jwt, token)
 
