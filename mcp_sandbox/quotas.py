@@ -21,6 +21,8 @@ from mcp_sandbox.settings import Settings
 
 #: The window MCP_SANDBOX_PRINCIPAL_CALLS_PER_MINUTE counts calls in, in seconds.
 MINUTE = 60.0
+#: Principals with recent calls kept before those idle for a minute are swept out.
+SWEEP_AT = 1024
 
 T = TypeVar("T")
 
@@ -75,6 +77,10 @@ class Quotas:
         #: Sandboxes each principal's sessions are being given right now (not live yet).
         self._taking: Counter[str] = Counter()
 
+    def __len__(self) -> int:
+        """Principals with anything counted: calls running or of the last minute, sandboxes being taken."""
+        return len(self._running.keys() | self._recent.keys() | self._taking.keys())
+
     def running(self, principal: str) -> int:
         return self._running[principal]
 
@@ -91,6 +97,8 @@ class Quotas:
                 "MCP_SANDBOX_PRINCIPAL_MAX_RUNNING_CALLS",
             )
         if limits.calls_per_minute:
+            if len(self._recent) > SWEEP_AT:
+                self._sweep(now)
             recent = self._recent.setdefault(principal, deque())
             while recent and recent[0] <= now - MINUTE:
                 recent.popleft()
@@ -144,6 +152,13 @@ class Quotas:
         finally:
             self._taking[principal] -= 1
             self._forget_idle(principal)
+
+    def _sweep(self, now: float) -> None:
+        # A principal that called once and left still has its last minute here until swept.
+        for principal in [
+            p for p, recent in self._recent.items() if not recent or recent[-1] <= now - MINUTE
+        ]:
+            del self._recent[principal]
 
     def _forget_idle(self, principal: str) -> None:
         # Principals come and go (an OAuth issuer's are unbounded): keep nothing for idle ones.

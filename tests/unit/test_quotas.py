@@ -12,7 +12,7 @@ from mcp_sandbox.backends.base import Executor
 from mcp_sandbox.errors import PrincipalLimitReached, Refused
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.principals import SOLE, owner
-from mcp_sandbox.quotas import MINUTE, Limits, Quotas, RoundRobin
+from mcp_sandbox.quotas import MINUTE, SWEEP_AT, Limits, Quotas, RoundRobin
 from mcp_sandbox.sessions import Sessions
 from mcp_sandbox.settings import Settings
 from tests.unit.fakes import FakeExecutor
@@ -231,3 +231,15 @@ async def test_a_principal_of_a_server_with_a_tokens_file_leaves_half_the_sessio
             await sessions.run("1", timeout=5, session_id=f"bob/{name}", principal="bob")
         await sessions.close()
         group.cancel_scope.cancel()
+
+
+def test_principals_that_called_once_and_left_are_swept_out() -> None:
+    now = [0.0]
+    quotas = Quotas(Limits(calls_per_minute=5), clock=lambda: now[0])
+    for index in range(SWEEP_AT + 1):
+        with quotas.call(f"p{index}"):
+            pass
+    now[0] += MINUTE + 1
+    with quotas.call("late"):
+        pass
+    assert len(quotas) == 1
