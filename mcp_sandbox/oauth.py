@@ -14,7 +14,7 @@ from typing import Any
 import anyio.to_thread
 import jwt
 
-from mcp_sandbox.principals import PRINCIPAL_PATTERN, Caller
+from mcp_sandbox.principals import PRINCIPAL_PATTERN, Caller, WatchedFile
 
 logger = logging.getLogger(__name__)
 
@@ -38,43 +38,21 @@ def principal_of_subject(subject: str) -> str:
     return "sub-" + hashlib.sha256(subject.encode()).hexdigest()[:32]
 
 
-class _KeyFile:
-    """A JWKS file, re-read when it changes (keys rotate); a file that breaks keeps the keys it had."""
+def _read_keys(path: Path) -> jwt.PyJWKSet:
+    try:
+        return jwt.PyJWKSet.from_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, jwt.PyJWTError) as error:
+        raise JwksError(f"MCP_SANDBOX_AUTH_JWKS {path} is not a usable JSON Web Key Set: {error}") from None
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._seen = self._version()
-        self._keys = self._read()
 
-    def _version(self) -> tuple[int, int, int] | None:
-        try:
-            info = self._path.stat()
-        except OSError:
-            return None
-        return info.st_ino, info.st_mtime_ns, info.st_size
-
-    def _read(self) -> jwt.PyJWKSet:
-        try:
-            return jwt.PyJWKSet.from_json(self._path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, jwt.PyJWTError) as error:
-            raise JwksError(
-                f"MCP_SANDBOX_AUTH_JWKS {self._path} is not a usable JSON Web Key Set: {error}"
-            ) from None
-
-    def key(self, kid: str | None) -> jwt.PyJWK | None:
-        version = self._version()
-        if version != self._seen:
-            self._seen = version
-            try:
-                self._keys = self._read()
-            except JwksError as error:
-                logger.warning("%s; the keys read before stay", error)
-        if kid is None:
-            return self._keys.keys[0] if len(self._keys.keys) == 1 else None
-        try:
-            return self._keys[kid]
-        except KeyError:
-            return None
+def _key_of(keys: jwt.PyJWKSet, kid: str | None) -> jwt.PyJWK | None:
+    """The key `kid` names; without a kid, the set's only key."""
+    if kid is None:
+        return keys.keys[0] if len(keys.keys) == 1 else None
+    try:
+        return keys[kid]
+    except KeyError:
+        return None
 
 
 class JwtVerifier:
@@ -87,23 +65,24 @@ class JwtVerifier:
         self._resource = resource
         # RFC 8707 names the resource by URL; a trailing slash is not a different resource.
         self._audiences = [resource, resource.rstrip("/"), resource.rstrip("/") + "/"]
-        self._file = None if jwks.startswith(("https://", "http://")) else _KeyFile(Path(jwks).expanduser())
+        self._file = (
+            None
+            if jwks.startswith(("https://", "http://"))
+            else WatchedFile(Path(jwks).expanduser(), _read_keys, JwksError)
+        )
         self._client = (
             jwt.PyJWKClient(jwks, lifespan=JWKS_LIFESPAN_S, timeout=10) if self._file is None else None
         )
 
     async def _key(self, token: str) -> jwt.PyJWK | None:
         if self._file is not None:
-            return self._file.key(jwt.get_unverified_header(token).get("kid"))
+            return _key_of(self._file.current(), jwt.get_unverified_header(token).get("kid"))
         assert self._client is not None
         client = self._client
         kept = client.jwk_set_cache.get() if client.jwk_set_cache is not None else None
         kid = jwt.get_unverified_header(token).get("kid")
-        if kept is not None and kid is not None:
-            try:
-                return kept[kid]  # a key of the set still kept: no fetch, so no thread
-            except KeyError:
-                pass
+        if kept is not None and kid is not None and (key := _key_of(kept, kid)) is not None:
+            return key  # a key of the set still kept: no fetch, so no thread
         # urllib, so off the event loop; the client caches the set and limits refetches on unknown keys.
         return await anyio.to_thread.run_sync(client.get_signing_key_from_jwt, token)
 

@@ -16,13 +16,15 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from mcp.server.auth.provider import AccessToken
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: A principal's name: it is a folder name under MCP_SANDBOX_OUTPUT_DIR, so nothing that walks.
 PRINCIPAL_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}"
@@ -103,15 +105,16 @@ def _digests(path: Path) -> dict[str, bytes]:
     return digests
 
 
-class TokenTable:
-    """The principals of a tokens file, re-read when the file changes. A file that becomes
-    unusable keeps the table it had, and says why in the log once per change."""
+class WatchedFile(Generic[T]):
+    """What `read` makes of a file, made again when the file changes. A file that becomes
+    unusable (`read` raises `unusable`) keeps what was read before, and the log says why once
+    per change."""
 
-    def __init__(self, path: Path) -> None:
-        """Raises TokensFileError: a server does not start with a file it cannot use."""
-        self._path = path
+    def __init__(self, path: Path, read: Callable[[Path], T], unusable: type[Exception]) -> None:
+        """Raises `unusable`: a server does not start with a file it cannot use."""
+        self._path, self._read, self._unusable = path, read, unusable
         self._seen = self._version()
-        self._digests = _digests(path)
+        self._value = read(path)
 
     def _version(self) -> tuple[int, int, int] | None:
         try:
@@ -120,18 +123,29 @@ class TokenTable:
             return None
         return info.st_ino, info.st_mtime_ns, info.st_size
 
-    def principal(self, token: str) -> str | None:
-        """Whose token this is, or None."""
+    def current(self) -> T:
         version = self._version()
         if version != self._seen:
             self._seen = version
             try:
-                self._digests = _digests(self._path)
-            except TokensFileError as error:
-                logger.warning("%s; the principals read before stay", error)
+                self._value = self._read(self._path)
+            except self._unusable as error:
+                logger.warning("%s; what was read before stays", error)
+        return self._value
+
+
+class TokenTable:
+    """The principals of a tokens file, re-read when the file changes."""
+
+    def __init__(self, path: Path) -> None:
+        """Raises TokensFileError: a server does not start with a file it cannot use."""
+        self._file = WatchedFile(path, _digests, TokensFileError)
+
+    def principal(self, token: str) -> str | None:
+        """Whose token this is, or None."""
         digest = hashlib.sha256(token.encode()).digest()
         found = None
-        for principal, expected in self._digests.items():
+        for principal, expected in self._file.current().items():
             # Every entry is compared: the time taken says nothing about which one matched.
             if hmac.compare_digest(digest, expected):
                 found = principal
