@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from mcp_sandbox import tracing
 from mcp_sandbox.audit import ExecutionRecord
 from mcp_sandbox.backends.base import Backend, ExecutorHooks, SandboxStartError
 from mcp_sandbox.backends.inprocess import InProcessBackend
@@ -27,6 +28,8 @@ from mcp_sandbox.bridge.local import LocalTools
 from mcp_sandbox.bridge.upstreams import ToolBridge
 from mcp_sandbox.errors import InvalidRequest
 from mcp_sandbox.kept import KeptOutputs
+from mcp_sandbox.logs import call_context
+from mcp_sandbox.metrics import Metrics, Readings
 from mcp_sandbox.policy import policy_violation
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.principals import SOLE, output_folder, scoped
@@ -110,6 +113,8 @@ class App:
         self._backend: Backend | None = None
         self._pool: ReadyPool | None = None
         self._sessions: Sessions | None = None
+        #: This App's Prometheus metrics (served at /metrics over HTTP).
+        self.metrics = Metrics()
         self.bridge: ToolBridge | None = None
         self.record = ExecutionRecord(settings.audit_log, settings.save_code)
         #: Each principal's limits: its running calls and calls a minute here, its sessions and
@@ -136,7 +141,7 @@ class App:
         store = self._open_store()  # first in, last out: removed after every task has ended
         task_group = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._stop, task_group)
-        sessions = Sessions(self.settings, store, quotas=self.quotas)
+        sessions = Sessions(self.settings, store, quotas=self.quotas, metrics=self.metrics)
         try:
             if self.settings.bridge_config is not None or self._local is not None:
                 config = BridgeConfig()
@@ -155,11 +160,16 @@ class App:
             task_group=task_group,
             acquire_timeout=self.settings.acquire_timeout,
             recycle=self.settings.recycle and self._backend.recycles,
+            metrics=self.metrics,
         )
         self._pool.fill()
         self._backend.start_background_work()
         sessions.attach(self._pool, self._backend, task_group)
         self._sessions = sessions
+        pool, name = self._pool, self._backend.name
+        self.metrics.read(
+            Readings(sessions.counts, lambda: len(pool.ready), lambda: pool.waiting, lambda: name)
+        )
         task_group.start_soon(sessions.expire_idle)
         task_group.start_soon(sessions.hibernate_idle)
         task_group.start_soon(sessions.renew_leases)
@@ -184,7 +194,26 @@ class App:
             max_total_bytes=settings.max_store_mb * 2**20,
         )
 
+    @tracing.traced("mcp_sandbox.execute")
     async def execute(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        session_id: str | None = None,
+        progress: ProgressReport | None = None,
+        principal: str = SOLE,
+    ) -> ExecutionResult:
+        """`_execute`, counted in the metrics, its log lines carrying its session and call ids."""
+        with self.metrics.call(self.backend.name) as call, call_context(session_id):
+            result = await self._execute(
+                code, timeout=timeout, session_id=session_id, progress=progress, principal=principal
+            )
+            call.ended(result)
+            logger.debug("call ended: %s in %d ms", call.outcome, result.duration_ms)
+        return result
+
+    async def _execute(
         self,
         code: str,
         *,

@@ -12,9 +12,11 @@ from dataclasses import replace
 import anyio
 import anyio.abc
 
+from mcp_sandbox import tracing
 from mcp_sandbox.backends.base import Backend, Executor, NotDone, SandboxStartError
 from mcp_sandbox.leases import Leases
 from mcp_sandbox.lifecycle import Refusal, Resumed, Saved, Session, SessionState, Timings, account
+from mcp_sandbox.metrics import Metrics
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.principals import owner
 from mcp_sandbox.settings import Settings
@@ -46,6 +48,7 @@ class Checkpoints:
         instance: str,
         timings: Timings,
         task_group: anyio.abc.TaskGroup | None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -57,6 +60,7 @@ class Checkpoints:
         self._timings = timings
         self._task_group = task_group
         self._closing = False
+        self._metrics = metrics or Metrics()
         #: Checkpoints taken at once: each costs a core for tens of milliseconds (seconds for a
         #: large pickle), and a burst of sessions pausing together must not starve the calls.
         self._checkpoint_slots = anyio.Semaphore(max(1, (os.cpu_count() or 2) // 2))
@@ -95,12 +99,14 @@ class Checkpoints:
                 if moved_from is None and record.owner != self._instance and state is SessionState.NEW:
                     moved_from = record.owner if record.call > 0 else None
             restored, problem = await self._restore(session, renewed)
+            self._metrics.count_restore(restored is not None, problem)
         elif state is SessionState.LOST and self._backend is not None and not self._backend.saves_sessions:
             problem = f"the {self._backend.name} backend keeps no checkpoints"
         elif state is SessionState.LOST and not self._settings.checkpoints:
             problem = "checkpoints are off (MCP_SANDBOX_CHECKPOINTS)"
         return account(state, latest, restored, problem, moved_from)
 
+    @tracing.traced("mcp_sandbox.restore")
     async def _restore(
         self, session: Session, renewed: Executor | None = None
     ) -> tuple[SavedState | None, str | None]:
@@ -177,6 +183,7 @@ class Checkpoints:
         except LeaseTaken:
             return ["another instance of this server took the session over during this call; run it again"]
         except StoreError as error:
+            self._metrics.store_errors.labels("write_record").inc()
             logger.warning("session %r: %s", session.session_id, error)
             return [
                 f"{error}; should this server stop before the session's next checkpoint, its next result "
@@ -207,6 +214,7 @@ class Checkpoints:
                     finally:
                         session.to(SessionState.LIVE)
 
+    @tracing.traced("mcp_sandbox.checkpoint")
     async def _save(self, session: Session) -> bool:
         """Checkpoint the session (its lock held) unless the store's copy is current: whether the
         store now holds its whole state. A refusal goes into the session's next result, once."""
@@ -228,12 +236,14 @@ class Checkpoints:
                 await anyio.to_thread.run_sync(self._store.save, session.session_id, state, lease)
             except StoreError as error:
                 saved = NotDone(str(error))
+                self._metrics.store_errors.labels("save").inc()
             else:
                 if not self._open(session):
                     # Reset while it was being written: what was written belongs to nobody.
                     await anyio.to_thread.run_sync(self._store.delete, session.session_id)
                     return False
                 session.saved, session.refusal = Saved(call, saved.lost), None
+                self._metrics.count_checkpoint(len(state.payload))
                 return not saved.lost
         if session.refusal is None or saved.reason != session.refusal.reason:
             kept = (

@@ -12,9 +12,11 @@ import anyio.abc
 
 from mcp_sandbox.backends.base import Executor, NotDone, SandboxStartError
 from mcp_sandbox.errors import PoolUnavailable
+from mcp_sandbox.metrics import Metrics
 from mcp_sandbox.principals import SOLE
 from mcp_sandbox.quotas import RoundRobin
 from mcp_sandbox.retry import Backoff
+from mcp_sandbox.tracing import traced
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class ReadyPool:
         acquire_timeout: float,
         recycle: bool = False,
         max_starting: int = 2,
+        metrics: Metrics | None = None,
     ) -> None:
         self._start = start
         self._size = size
@@ -75,11 +78,32 @@ class ReadyPool:
         self._start_slots = anyio.Semaphore(max_starting)
         self._backoff = Backoff()
         self._closed = False
+        self._metrics = metrics or Metrics()
+        #: Why the latest start failed, while starts fail (None once one succeeds).
+        self._start_error: str | None = None
+        self._started_any = False
 
     @property
     def ready(self) -> tuple[Executor, ...]:
         """The sandboxes ready to be handed out, first in line first."""
         return tuple(self._ready)
+
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for a sandbox."""
+        return len(self._waiters)
+
+    def health(self) -> str | None:
+        """Why a call could not have a sandbox now, or None: shutting down, sandboxes failing to
+        start, or the first ones not started yet. A pool whose sandboxes are all in use is
+        healthy: its callers wait their turn."""
+        if self._closed:
+            return "the server is shutting down"
+        if self._start_error is not None and self._backoff.failures >= FAILURES_BEFORE_TELLING:
+            return f"sandboxes fail to start: {self._start_error}"
+        if self._size and not self._started_any:
+            return "the first sandboxes are starting"
+        return None
 
     def fill(self) -> None:
         """Start as many sandboxes as it takes to have `size` ready plus one per waiter."""
@@ -90,13 +114,15 @@ class ReadyPool:
             self._starting += 1
             self._task_group.start_soon(self._start_one)
 
+    @traced("mcp_sandbox.sandbox_wait")
     async def acquire(self, *, lend: bool = False, principal: str = SOLE) -> Executor:
         """A ready executor, now or as soon as one starts. Raises PoolUnavailable. `lend`: the
         caller gives it back with `release` after one call. `principal`: whose call waits, for
         its turn."""
         if self._closed:
             raise PoolUnavailable("the server is shutting down")
-        executor = await self._acquire(principal)
+        with self._metrics.sandbox_wait.time():
+            executor = await self._acquire(principal)
         if lend and self._recycle:
             self._coming_back += 1
         self.fill()
@@ -179,6 +205,8 @@ class ReadyPool:
         except SandboxStartError as error:
             self._starting -= 1
             self._backoff.failed()
+            self._start_error = str(error)
+            self._metrics.sandbox_start_failures.inc()
             logger.error("could not start a sandbox: %s", error)
             # Tell one waiter now rather than let it wait out its timeout for starts that keep failing.
             if self._waiters and not error.killed and self._backoff.failures >= FAILURES_BEFORE_TELLING:
@@ -189,6 +217,7 @@ class ReadyPool:
             return
         self._starting -= 1
         self._backoff.succeeded()
+        self._start_error, self._started_any = None, True
         if self._closed:
             await executor.close()
             return

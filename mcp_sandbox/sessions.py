@@ -17,6 +17,7 @@ from mcp_sandbox.checkpointing import Checkpoints, checkpoints_on
 from mcp_sandbox.errors import SessionLimitReached
 from mcp_sandbox.leases import Leases
 from mcp_sandbox.lifecycle import Resumed, Session, SessionState, Timings
+from mcp_sandbox.metrics import Metrics
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.principals import SOLE, owner
 from mcp_sandbox.quotas import Limits, Quotas
@@ -76,8 +77,10 @@ class Sessions:
         store: DirectoryStore | None = None,
         timings: Timings | None = None,
         quotas: Quotas | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._timings = timings or Timings()
+        self._metrics = metrics or Metrics()
         #: Each principal's limits on sessions and live sandboxes.
         self._quotas = quotas or Quotas(Limits.from_settings(settings))
         self._pool: ReadyPool | None = None
@@ -109,6 +112,7 @@ class Sessions:
             instance=self.instance,
             timings=self._timings,
             task_group=task_group,
+            metrics=self._metrics,
         )
         self._attached = checkpoints, leases
 
@@ -141,6 +145,13 @@ class Sessions:
         """The session's state (None: not open here)."""
         session = self._sessions.get(session_id)
         return session.state if session is not None else None
+
+    def counts(self) -> dict[str, int]:
+        """How many sessions are open here in each state (every state, 0 included)."""
+        counts = dict.fromkeys((state.value for state in SessionState), 0)
+        for session in self._sessions.values():
+            counts[session.state.value] += 1
+        return counts
 
     def saved_call(self, session_id: str) -> int:
         """The call whose state the session's last checkpoint holds (0: none yet)."""
@@ -281,7 +292,9 @@ class Sessions:
         self, executor: Executor, code: str, timeout: float, progress: ProgressReport | None
     ) -> ExecutionResult:
         if progress is None:
-            return await executor.run(code, timeout)
+            result = await executor.run(code, timeout)
+            self._metrics.count_lost(result)
+            return result
         relay = self._relays[executor] = ProgressRelay(progress, self._timings.progress_interval)
         try:
             async with anyio.create_task_group() as group:
@@ -290,6 +303,7 @@ class Sessions:
                 group.cancel_scope.cancel()
         finally:
             del self._relays[executor]
+        self._metrics.count_lost(result)
         return result
 
     async def reset(self, session_id: str) -> bool:
