@@ -26,6 +26,7 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
+from mcp_sandbox import logs, tracing
 from mcp_sandbox.app import App
 from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError, no_progress
 from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version
@@ -229,6 +230,7 @@ async def serve(
 ) -> None:
     """Serve MCP on `transport`; over HTTP, every request needs a bearer token `verifier` accepts
     (None: no token is asked for)."""
+    tracing.configure()
     async with App(settings) as app:
         server = build_server(app, verifier if transport != "stdio" else None)
         if transport == "stdio":
@@ -242,7 +244,11 @@ async def serve(
             web_app = server.streamable_http_app(host=host, stateless_http=settings.stateless_http)
             if settings.stateless_http:
                 web_app = RoutingSessionId(web_app)
-        config = uvicorn.Config(web_app, host=host, port=port, log_level=settings.log_level.lower())
+        # JSON lines: uvicorn's loggers write through the root's handler (else uvicorn's own text).
+        log_config = None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG
+        config = uvicorn.Config(
+            web_app, host=host, port=port, log_level=settings.log_level.lower(), log_config=log_config
+        )
         await _WebServer(config).serve()
 
 
@@ -383,7 +389,7 @@ def _configure_logging(settings: Settings, command: str) -> None:
         if command == "serve"
         else ("mcp-sandbox: %(levelname)s: %(message)s")
     )
-    logging.basicConfig(level=level, stream=sys.stderr, format=layout)
+    logs.configure(level, layout, json_lines=command == "serve" and settings.log_format == "json")
 
 
 def _dispatch(args: argparse.Namespace, flags: dict[str, CliSettingsSource[Settings]]) -> int:

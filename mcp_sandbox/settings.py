@@ -272,6 +272,15 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Logs go to stderr at this level; stdout belongs to the stdio transport."
     )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="serve: json writes each log line as a JSON object, with the session and call ids of "
+        "the call that logged it.",
+    )
+    metrics: bool = Field(
+        True,
+        description="HTTP and SSE: serve Prometheus metrics at /metrics, without a token (docs/deploy.md).",
+    )
 
     @field_validator(
         "deno_path",
