@@ -88,7 +88,7 @@ async def checkpoint_sizes(state_dir: Path) -> dict[str, dict[str, float]]:
             assert store is not None
             from mcp_sandbox.store import SavedState
 
-            stored = store.save(session_id, SavedState("pyodide", app.backend.build, saved.payload, 1))
+            stored = await store.save(session_id, SavedState("pyodide", app.backend.build, saved.payload, 1))
             sizes[name] = {"checkpoint_ms": took, "raw_bytes": len(saved.payload), "stored_bytes": stored}
     return sizes
 

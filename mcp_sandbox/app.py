@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -37,7 +34,7 @@ from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import ProgressReport, Sessions
 from mcp_sandbox.settings import Settings
-from mcp_sandbox.store import DirectoryStore
+from mcp_sandbox.store import open_store
 from mcp_sandbox.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -138,7 +135,7 @@ class App:
         return self._sessions
 
     async def __aenter__(self) -> App:
-        store = self._open_store()  # first in, last out: removed after every task has ended
+        store = await self._stack.enter_async_context(open_store(self.settings))  # first in, last out
         task_group = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._stop, task_group)
         sessions = Sessions(self.settings, store, quotas=self.quotas, metrics=self.metrics)
@@ -180,19 +177,6 @@ class App:
             self.settings.pool_size,
         )
         return self
-
-    def _open_store(self) -> DirectoryStore:
-        """Where sessions are saved: the configured folder, or a private one gone at exit."""
-        settings = self.settings
-        root = settings.state_dir
-        if root is None:
-            root = Path(tempfile.mkdtemp(prefix="mcp-sandbox-state-"))
-            self._stack.callback(shutil.rmtree, root, ignore_errors=True)
-        return DirectoryStore(
-            root,
-            max_session_bytes=settings.max_state_mb * 2**20,
-            max_total_bytes=settings.max_store_mb * 2**20,
-        )
 
     @tracing.traced("mcp_sandbox.execute")
     async def execute(

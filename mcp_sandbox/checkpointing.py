@@ -20,12 +20,12 @@ from mcp_sandbox.metrics import Metrics
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.principals import owner
 from mcp_sandbox.settings import Settings
-from mcp_sandbox.store import DirectoryStore, LeaseTaken, SavedState, StateUnusable, StoreError
+from mcp_sandbox.store import LeaseTaken, SavedState, StateUnusable, Store, StoreError
 
 logger = logging.getLogger(__name__)
 
 
-def checkpoints_on(settings: Settings, store: DirectoryStore | None, backend: Backend | None) -> bool:
+def checkpoints_on(settings: Settings, store: Store | None, backend: Backend | None) -> bool:
     """Whether sessions are checkpointed: with a store, a backend that saves sessions, and
     MCP_SANDBOX_CHECKPOINTS."""
     return bool(store and backend and backend.saves_sessions and settings.checkpoints)
@@ -39,7 +39,7 @@ class Checkpoints:
     def __init__(
         self,
         settings: Settings,
-        store: DirectoryStore | None,
+        store: Store | None,
         backend: Backend | None,
         sessions: Mapping[str, Session],
         ready_pool: ReadyPool,
@@ -93,12 +93,16 @@ class Checkpoints:
         moved_from, session.moved_from = session.moved_from, None
         latest, restored, problem = session.calls, None, None
         if self._store is not None and self.on:
-            record = await anyio.to_thread.run_sync(self._store.read_record, session.session_id)
+            try:
+                record = await self._store.read_record(session.session_id)
+            except StoreError as error:  # what it ran is unknown: said, never taken for a new session
+                record, problem = None, f"the session's saved state could not be read ({error})"
             if record is not None:
                 latest = max(latest, record.call)
                 if moved_from is None and record.owner != self._instance and state is SessionState.NEW:
                     moved_from = record.owner if record.call > 0 else None
-            restored, problem = await self._restore(session, renewed)
+            if problem is None:
+                restored, problem = await self._restore(session, renewed)
             self._metrics.count_restore(restored is not None, problem)
         elif state is SessionState.LOST and self._backend is not None and not self._backend.saves_sessions:
             problem = f"the {self._backend.name} backend keeps no checkpoints"
@@ -115,15 +119,17 @@ class Checkpoints:
         assert self._store is not None and self._backend is not None
         store, backend = self._store, self._backend
         try:
-            state = await anyio.to_thread.run_sync(store.load, session.session_id)
+            state = await store.load(session.session_id)
         except StateUnusable as error:
-            await anyio.to_thread.run_sync(store.delete_checkpoint, session.session_id)
+            await store.delete_checkpoint(session.session_id)
             session.saved = replace(session.saved, call=0)
             return None, f"the session's saved state could not be used ({error})"
+        except StoreError as error:
+            return None, f"the session's saved state could not be read ({error})"
         if state is None:
             return None, None
         if state.backend != backend.name or state.build != backend.build:
-            await anyio.to_thread.run_sync(store.delete_checkpoint, session.session_id)
+            await store.delete_checkpoint(session.session_id)
             session.saved = replace(session.saved, call=0)
             return None, (
                 f"the session's saved state is from another sandbox build ({state.build}; this "
@@ -153,6 +159,15 @@ class Checkpoints:
         session.calls, session.saved, session.refusal = state.call, Saved(state.call, state.lost), None
         return state, None
 
+    async def _forget(self, session_id: str) -> None:
+        """Delete a reset session's saved state; what a store cannot delete now, it sweeps or
+        expires with the session's TTL."""
+        assert self._store is not None
+        try:
+            await self._store.delete(session_id)
+        except StoreError as error:
+            logger.warning("session %r was reset, but its saved state stays for now: %s", session_id, error)
+
     async def start_fresh(self, session: Session) -> None:
         """The caller is told the session's variables are gone: from now on it has nothing more
         to lose, and no old checkpoint may come back in its place."""
@@ -160,7 +175,10 @@ class Checkpoints:
         if session.state is SessionState.LOST:  # else it is live in the sandbox it was given
             session.to(SessionState.NEW)
         if self._store is not None:
-            await anyio.to_thread.run_sync(self._store.delete_checkpoint, session.session_id)
+            try:
+                await self._store.delete_checkpoint(session.session_id)
+            except StoreError as error:
+                logger.warning("session %r: its old checkpoint stays: %s", session.session_id, error)
 
     async def write_record(self, session: Session) -> list[str]:
         """Record the session's latest call in the store before its result is sent, so that a
@@ -177,9 +195,7 @@ class Checkpoints:
         ):
             return []
         try:
-            await anyio.to_thread.run_sync(
-                store.write_record, session.session_id, session.calls, self._instance, session.lease
-            )
+            await store.write_record(session.session_id, session.calls, self._instance, session.lease)
         except LeaseTaken:
             return ["another instance of this server took the session over during this call; run it again"]
         except StoreError as error:
@@ -191,7 +207,7 @@ class Checkpoints:
             ]
         session.recorded = session.calls
         if not self._open(session):
-            await anyio.to_thread.run_sync(store.delete, session.session_id)  # reset meanwhile
+            await self._forget(session.session_id)  # reset meanwhile
         return []
 
     def when_idle(self, session: Session) -> None:
@@ -233,14 +249,14 @@ class Checkpoints:
         if not isinstance(saved, NotDone):
             state = SavedState(self._backend.name, self._backend.build, saved.payload, call, saved.lost)
             try:
-                await anyio.to_thread.run_sync(self._store.save, session.session_id, state, lease)
+                await self._store.save(session.session_id, state, lease)
             except StoreError as error:
                 saved = NotDone(str(error))
                 self._metrics.store_errors.labels("save").inc()
             else:
                 if not self._open(session):
                     # Reset while it was being written: what was written belongs to nobody.
-                    await anyio.to_thread.run_sync(self._store.delete, session.session_id)
+                    await self._forget(session.session_id)
                     return False
                 session.saved, session.refusal = Saved(call, saved.lost), None
                 self._metrics.count_checkpoint(len(state.payload))

@@ -13,7 +13,7 @@ import anyio
 from mcp_sandbox.errors import SessionElsewhere
 from mcp_sandbox.lifecycle import Session, SessionState
 from mcp_sandbox.pool import ReadyPool
-from mcp_sandbox.store import DirectoryStore, LeaseHeld, LeaseTaken, StoreError
+from mcp_sandbox.store import LeaseHeld, LeaseTaken, Store, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ class Leases:
 
     def __init__(
         self,
-        store: DirectoryStore | None,
+        store: Store | None,
         seconds: float,
         instance: str,
         sessions: Mapping[str, Session],
@@ -55,9 +55,7 @@ class Leases:
         deadline = time.monotonic() + seconds + 1
         while True:
             try:
-                lease = await anyio.to_thread.run_sync(
-                    store.acquire_lease, session.session_id, self._instance, seconds
-                )
+                lease = await store.acquire_lease(session.session_id, self._instance, seconds)
                 break
             except LeaseHeld as error:
                 if time.monotonic() >= deadline:
@@ -82,7 +80,7 @@ class Leases:
     async def release(self, session: Session) -> None:
         lease, session.lease = session.lease, None
         if lease is not None and self._store is not None:
-            await anyio.to_thread.run_sync(self._store.release_lease, lease)
+            await self._store.release_lease(lease)
 
     async def take_for_reset(self, session_id: str) -> None:
         """Before a reset deletes the session's saved state: make sure no other instance runs it
@@ -92,9 +90,7 @@ class Leases:
         if self._store is None or (known is not None and known.lease is not None):
             return
         try:
-            lease = await anyio.to_thread.run_sync(
-                self._store.acquire_lease, session_id, self._instance, self._seconds
-            )
+            lease = await self._store.acquire_lease(session_id, self._instance, self._seconds)
         except LeaseHeld as error:
             raise SessionElsewhere(
                 f"session {session_id!r} is running on another instance of this server ({error}); "
@@ -102,8 +98,8 @@ class Leases:
             ) from None
         except StoreError:
             return
-        await anyio.to_thread.run_sync(self._store.delete, session_id)
-        await anyio.to_thread.run_sync(self._store.release_lease, lease)
+        await self._store.delete(session_id)
+        await self._store.release_lease(lease)
 
     async def renew_forever(self) -> None:
         """Renew the leases of live sessions every third of MCP_SANDBOX_LEASE_SECONDS, forever (run
@@ -118,7 +114,7 @@ class Leases:
                 if lease is None:
                     continue
                 try:
-                    renewed = await anyio.to_thread.run_sync(store.renew_lease, lease, seconds)
+                    renewed = await store.renew_lease(lease, seconds)
                 except LeaseTaken:
                     logger.warning("session %r was taken over by another instance", session.session_id)
                     if session.lease is lease:

@@ -23,9 +23,7 @@ from mcp_sandbox.principals import SOLE, owner
 from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
-from mcp_sandbox.store import (
-    DirectoryStore,
-)
+from mcp_sandbox.store import Store, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +72,7 @@ class Sessions:
     def __init__(
         self,
         settings: Settings,
-        store: DirectoryStore | None = None,
+        store: Store | None = None,
         timings: Timings | None = None,
         quotas: Quotas | None = None,
         metrics: Metrics | None = None,
@@ -319,7 +317,12 @@ class Sessions:
             else:
                 await self._give_back(session.to(SessionState.NEW))
         if self._store is not None:
-            await anyio.to_thread.run_sync(self._store.delete, session_id)
+            try:
+                await self._store.delete(session_id)
+            except StoreError as error:  # swept, or expired with the session's TTL, later
+                logger.warning(
+                    "session %r was reset, but its saved state stays for now: %s", session_id, error
+                )
         if session is not None:
             await self._leases.release(session)
         return session is not None
@@ -331,7 +334,7 @@ class Sessions:
             await anyio.sleep(min(self._timings.sweep_interval, self._settings.session_ttl / 2))
             if self._store is not None:
                 ttl, ours = self._settings.session_ttl, set(self._sessions)
-                await anyio.to_thread.run_sync(self._store.delete_older_than, ttl, ours)
+                await self._store.delete_older_than(ttl, ours)
             deadline = time.monotonic() - self._settings.session_ttl
             for session in list(self._sessions.values()):
                 if not session.lock.locked() and session.last_used < deadline:

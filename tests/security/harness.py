@@ -767,7 +767,7 @@ def make_world(root: Path) -> World:
     # Another session's saved state, as the server writes it (0600 in a 0700 folder).
     state = root / "state"
     store = DirectoryStore(state, max_session_bytes=STATE_CAP_MB * 2**20, max_total_bytes=2**30)
-    store.save("victim", SavedState("pyodide", "planted", STATE_MARKER.encode() * 64, call=1))
+    anyio.run(store.save, "victim", SavedState("pyodide", "planted", STATE_MARKER.encode() * 64, call=1))
     world = World(data=data, output=output, home=home, state=state, victim_state=b"")
     return dataclasses.replace(world, victim_state=victim_state_path(world).read_bytes())
 

@@ -1,0 +1,60 @@
+"""Where sessions' saved state lives, shared by the instances that use one store: checkpoints,
+records and leases (the contract: `contract.Store`). A folder (`DirectoryStore`), opened by
+`open_store` from the settings."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from mcp_sandbox.settings import Settings
+from mcp_sandbox.store.codec import MAGIC
+from mcp_sandbox.store.contract import (
+    Lease,
+    LeaseHeld,
+    LeaseTaken,
+    SavedState,
+    SessionRecord,
+    StateUnusable,
+    Store,
+    StoreError,
+)
+from mcp_sandbox.store.directory import DirectoryStore
+
+__all__ = [
+    "MAGIC",
+    "DirectoryStore",
+    "Lease",
+    "LeaseHeld",
+    "LeaseTaken",
+    "SavedState",
+    "SessionRecord",
+    "StateUnusable",
+    "Store",
+    "StoreError",
+    "open_store",
+]
+
+
+@asynccontextmanager
+async def open_store(settings: Settings) -> AsyncIterator[Store]:
+    """The store the settings name (MCP_SANDBOX_STATE_DIR), or a private folder removed at exit;
+    closed at exit."""
+    root = settings.state_dir
+    temporary = root is None
+    if root is None:
+        root = Path(tempfile.mkdtemp(prefix="mcp-sandbox-state-"))
+    store: Store = DirectoryStore(
+        root,
+        max_session_bytes=settings.max_state_mb * 2**20,
+        max_total_bytes=settings.max_store_mb * 2**20,
+    )
+    try:
+        yield store
+    finally:
+        await store.aclose()
+        if temporary:
+            shutil.rmtree(root, ignore_errors=True)
