@@ -34,7 +34,7 @@ from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import ProgressReport, Sessions
 from mcp_sandbox.settings import Settings
-from mcp_sandbox.store import open_store
+from mcp_sandbox.store import Store, StoreError, open_store
 from mcp_sandbox.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,10 @@ SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:-]*[A-Za-z0-9_:-][A-Za-z0-9_.:-]*$"
 MAX_SESSION_ID_CHARS = 128
 #: How long start-up waits for the upstream servers to list their tools (they keep trying after).
 BRIDGE_STARTUP_WAIT = 15.0
+#: How long /readyz waits for the store to answer.
+STORE_CHECK_WAIT = 2.0
+#: What /readyz asks the store for: a record no session can have (a session id has no space).
+STORE_PROBE = "readyz probe"
 
 
 def check_request(settings: Settings, code: str, session_id: str | None, timeout: float | None) -> None:
@@ -110,6 +114,7 @@ class App:
         self._backend: Backend | None = None
         self._pool: ReadyPool | None = None
         self._sessions: Sessions | None = None
+        self._store: Store | None = None
         #: This App's Prometheus metrics (served at /metrics over HTTP).
         self.metrics = Metrics()
         self.bridge: ToolBridge | None = None
@@ -162,7 +167,7 @@ class App:
         self._pool.fill()
         self._backend.start_background_work()
         sessions.attach(self._pool, self._backend, task_group)
-        self._sessions = sessions
+        self._sessions, self._store = sessions, store
         pool, name = self._pool, self._backend.name
         self.metrics.read(
             Readings(sessions.counts, lambda: len(pool.ready), lambda: pool.waiting, lambda: name)
@@ -246,6 +251,22 @@ class App:
             return reason
         if self.bridge is not None and (wrong := self.bridge.wrong_calls(code)):
             return wrong_calls_message(wrong)
+        return None
+
+    async def readiness(self) -> str | None:
+        """Why a call could not be served now, or None: a sandbox cannot be had (the ready pool's
+        health), or the store does not answer within STORE_CHECK_WAIT seconds."""
+        if self._pool is None or self._store is None:
+            return "the server is starting"
+        if (problem := self._pool.health()) is not None:
+            return problem
+        try:
+            with anyio.fail_after(STORE_CHECK_WAIT):
+                await self._store.read_record(STORE_PROBE)
+        except TimeoutError:
+            return f"the store did not answer within {STORE_CHECK_WAIT:g} s"
+        except StoreError as error:
+            return f"the store does not answer: {error}"
         return None
 
     async def reset_session(self, session_id: str, principal: str = SOLE) -> bool:

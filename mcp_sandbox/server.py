@@ -29,6 +29,8 @@ from mcp.types import (
     ToolAnnotations,
 )
 from pydantic import AnyHttpUrl, BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App
 from mcp_sandbox.bridge.catalog import NO_MATCH, ToolSpec
@@ -36,6 +38,7 @@ from mcp_sandbox.bridge.stubs import stubs
 from mcp_sandbox.errors import Refused
 from mcp_sandbox.kept import URI_PREFIX as KEPT_PREFIX
 from mcp_sandbox.kept import URI_TEMPLATE, KeptOutputMissing, line_number
+from mcp_sandbox.metrics import CONTENT_TYPE
 from mcp_sandbox.principals import SOLE, Caller, Verifier
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
@@ -48,6 +51,8 @@ IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
 #: The header a client mirrors a call's session id into (MCP 2026-07-28 `x-mcp-header`), so a
 #: load balancer can send each session's calls to one instance (docs/deploy.md).
 SESSION_HEADER_TOKEN = "Session-Id"
+#: What an operator's tools ask over HTTP, without a token (add_operator_routes).
+HEALTH_PATH, READY_PATH, METRICS_PATH = "/healthz", "/readyz", "/metrics"
 
 
 def session_id_schema(schema: dict[str, Any]) -> None:
@@ -400,4 +405,28 @@ def build_server(app: App, verifier: Verifier | None = None) -> MCPServer:
         reset_session,
         annotations=ToolAnnotations(title="Reset a session", destructive_hint=True, idempotent_hint=True),
     )
+    add_operator_routes(server, app)
     return server
+
+
+def add_operator_routes(server: MCPServer, app: App) -> None:
+    """What an operator's tools ask over HTTP and SSE, without a token (the SDK's custom routes
+    skip its bearer check): /healthz (the process answers), /readyz (a call could be served now;
+    503 and the reason when not) and, unless MCP_SANDBOX_METRICS=false, /metrics."""
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        if (reason := await app.readiness()) is not None:
+            return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    async def metrics(request: Request) -> Response:
+        return Response(app.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    routes = {HEALTH_PATH: healthz, READY_PATH: readyz} | (
+        {METRICS_PATH: metrics} if app.settings.metrics else {}
+    )
+    for path, endpoint in routes.items():
+        server.custom_route(path, methods=["GET"], include_in_schema=False)(endpoint)

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from mcp_sandbox.lifecycle import Timings
-from mcp_sandbox.server import SESSION_HEADER_TOKEN
+from mcp_sandbox.server import HEALTH_PATH, METRICS_PATH, READY_PATH, SESSION_HEADER_TOKEN
 from mcp_sandbox.settings import Settings
 from tests.integration.test_instances import NGINX_CONFIG
 
@@ -51,3 +51,14 @@ def test_the_deployment_shares_state_and_serves_stateless_http() -> None:
     # A stopping pod checkpoints its sessions first: the grace period must leave it the time.
     assert pod["terminationGracePeriodSeconds"] > Timings().closing_save
     assert container["command"] == ["mcp-sandbox"] and "--transport" in container["args"]
+
+
+def test_the_probes_and_the_scrape_ask_the_paths_the_server_answers() -> None:
+    pod = of_kind("Deployment")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    (port,) = [entry["containerPort"] for entry in container["ports"]]
+    assert container["readinessProbe"]["httpGet"] == {"path": READY_PATH, "port": port}
+    assert container["livenessProbe"]["httpGet"] == {"path": HEALTH_PATH, "port": port}
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/path"] == METRICS_PATH
+    assert annotations["prometheus.io/port"] == str(port)
