@@ -1,6 +1,7 @@
 """Checkpoints: what one costs, how big it is, and how fast a session comes back.
 
 Run from the repository root:  .venv/bin/python bench/bench_checkpoints.py [--json PATH]
+[--state-url redis://127.0.0.1:6379/0] (the store: a temporary folder unless a URL is given)
 
 Through the Python API (the same App the MCP server runs), pyodide, pool of 2:
 
@@ -48,8 +49,15 @@ SESSIONS = {
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "checkpoints.json"
 
 
+#: --state-url: the store every phase uses (a redis:// URL), each phase under keys of its own.
+STATE_URL: str | None = None
+
+
 def options(state_dir: Path, checkpoints: bool = True) -> dict[str, Any]:
-    return {"pool_size": 2, "state_dir": state_dir, "checkpoints": checkpoints, "log_level": "WARNING"}
+    where: dict[str, Any] = {"state_dir": state_dir}
+    if STATE_URL is not None:
+        where = {"state_url": STATE_URL, "state_key_prefix": f"bench-{state_dir.name}-{os.getpid()}:"}
+    return {"pool_size": 2, **where, "checkpoints": checkpoints, "log_level": "WARNING"}
 
 
 async def spaced_calls(state_dir: Path, checkpoints: bool) -> dict[str, float]:
@@ -249,5 +257,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--sessions", type=int, default=0, help="instead: the sessions-held row with this many (1000)"
     )
+    parser.add_argument("--state-url", help="keep sessions there (redis://...) instead of in a folder")
     arguments = parser.parse_args()
+    STATE_URL = arguments.state_url
     anyio.run(main, arguments.json, arguments.sessions)

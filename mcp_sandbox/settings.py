@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Literal, Self, get_args, get_origin
 
@@ -94,6 +95,17 @@ class Settings(BaseSettings):
         None,
         description="Folder for saved sessions (kept in a 0700 sessions/ inside it): with it, a restarted "
         "server resumes them; unset: a private temporary folder removed at exit.",
+    )
+    state_url: str | None = Field(
+        None,
+        description="Where saved sessions and leases live, as a URL: redis://host:6379/0 (or rediss:// for "
+        "TLS) keeps them in Redis (docs/deploy.md); a path or file:// URL is a folder, as state_dir.",
+    )
+    state_key_prefix: str = Field(
+        "mcp-sandbox:",
+        min_length=1,
+        description="With a redis:// state_url: what every key the server writes starts with, so "
+        "deployments sharing one Redis keep apart.",
     )
     hibernate_after: float = Field(
         120.0,
@@ -321,6 +333,29 @@ class Settings(BaseSettings):
         return path.resolve() if path is not None else None
 
     @model_validator(mode="after")
+    def _one_state_location(self) -> Self:
+        if self.state_url is None or self.redis_url is not None:
+            if self.redis_url is not None and self.state_dir is not None:
+                raise ValueError(
+                    "MCP_SANDBOX_STATE_URL names Redis and MCP_SANDBOX_STATE_DIR a folder: set one of them"
+                )
+            return self
+        parsed = urllib.parse.urlsplit(self.state_url)
+        if parsed.scheme not in ("", "file"):
+            raise ValueError(
+                f"MCP_SANDBOX_STATE_URL {self.state_url!r}: use redis://, rediss://, file:// or a "
+                "folder's path"
+            )
+        folder = Path(urllib.parse.unquote(parsed.path) if parsed.scheme else self.state_url).resolve()
+        if self.state_dir is not None and self.state_dir != folder:
+            raise ValueError(
+                f"MCP_SANDBOX_STATE_URL ({folder}) and MCP_SANDBOX_STATE_DIR ({self.state_dir}) name two "
+                "places for saved sessions: set one of them"
+            )
+        self.state_dir = folder
+        return self
+
+    @model_validator(mode="after")
     def _oauth_complete(self) -> Self:
         if self.auth_jwks is not None and (self.auth_issuer is None or self.auth_resource_url is None):
             raise ValueError(
@@ -328,6 +363,12 @@ class Settings(BaseSettings):
                 "a token is accepted only from that issuer, for this server"
             )
         return self
+
+    @property
+    def redis_url(self) -> str | None:
+        """state_url when it names Redis, else None."""
+        url = self.state_url
+        return url if url is not None and url.startswith(("redis://", "rediss://")) else None
 
     @property
     def many_principals(self) -> bool:

@@ -1,9 +1,10 @@
 """Where sessions' saved state lives, shared by the instances that use one store: checkpoints,
-records and leases (the contract: `contract.Store`). A folder (`DirectoryStore`), opened by
-`open_store` from the settings."""
+records and leases (the contract: `contract.Store`). A folder (`DirectoryStore`) or Redis
+(`RedisStore`), chosen by `open_store` from the settings."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -23,6 +24,9 @@ from mcp_sandbox.store.contract import (
     StoreError,
 )
 from mcp_sandbox.store.directory import DirectoryStore
+from mcp_sandbox.store.redis import RedisStore
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "MAGIC",
@@ -30,6 +34,7 @@ __all__ = [
     "Lease",
     "LeaseHeld",
     "LeaseTaken",
+    "RedisStore",
     "SavedState",
     "SessionRecord",
     "StateUnusable",
@@ -41,8 +46,25 @@ __all__ = [
 
 @asynccontextmanager
 async def open_store(settings: Settings) -> AsyncIterator[Store]:
-    """The store the settings name (MCP_SANDBOX_STATE_DIR), or a private folder removed at exit;
-    closed at exit."""
+    """The store the settings name (MCP_SANDBOX_STATE_URL or MCP_SANDBOX_STATE_DIR), or a private
+    folder removed at exit; closed at exit."""
+    if settings.redis_url is not None:
+        redis_store = RedisStore(
+            settings.redis_url,
+            max_session_bytes=settings.max_state_mb * 2**20,
+            session_ttl=settings.session_ttl,
+            prefix=settings.state_key_prefix,
+        )
+        logger.info(
+            "saved sessions in %s under %r (its maxmemory bounds them, not MCP_SANDBOX_MAX_STORE_MB)",
+            redis_store.where,
+            settings.state_key_prefix,
+        )
+        try:
+            yield redis_store
+        finally:
+            await redis_store.aclose()
+        return
     root = settings.state_dir
     temporary = root is None
     if root is None:

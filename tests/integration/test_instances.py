@@ -1,4 +1,4 @@
-"""Two instances behind a real nginx, sharing one state folder: nginx routes each
+"""Two instances behind a real nginx, sharing one state folder (or one real redis-server): nginx routes each
 client by its Mcp-Session-Id; when the instance that runs a session is killed, the next call
 goes to the other one, which takes the session's lease once it runs out and restores the
 session's last checkpoint. Real nginx, real server processes, real MCP client."""
@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import pytest
+import redis.asyncio
 from mcp import Client
 
 from tests.helpers import (
@@ -24,6 +25,7 @@ from tests.helpers import (
     call,
     free_port,
     http_server,
+    redis_server,
     state_file,
     state_name,
     stop_process,
@@ -111,15 +113,57 @@ async def saved(state: Path, session_id: str) -> None:
             await anyio.sleep(0.2)
 
 
+class SharedState:
+    """Where the instances keep sessions: a shared folder, or one real redis-server. Its `env`
+    points an instance at it; `holder` and `saved` read it as the instances left it."""
+
+    def __init__(self, folder: Path, redis_url: str | None) -> None:
+        self.folder, self.redis_url = folder, redis_url
+        self.env = (
+            {"MCP_SANDBOX_STATE_URL": redis_url} if redis_url else {"MCP_SANDBOX_STATE_DIR": str(folder)}
+        )
+
+    def _key(self, session_id: str, kind: str) -> str:
+        return f"mcp-sandbox:{{{session_id}}}:{kind}"  # the default MCP_SANDBOX_STATE_KEY_PREFIX
+
+    async def holder(self, session_id: str) -> int | None:
+        """The pid of the instance whose lease on the session is on record."""
+        if self.redis_url is None:
+            return lease_holder(self.folder, session_id)
+        async with redis.asyncio.Redis.from_url(self.redis_url) as client:
+            value = await client.get(self._key(session_id, "lease"))
+        return None if value is None else int(json.loads(value)["owner"].split(":")[1])
+
+    async def saved(self, session_id: str) -> None:
+        """Once the session's first checkpoint is stored (polled, bounded)."""
+        if self.redis_url is None:
+            return await saved(self.folder, session_id)
+        async with redis.asyncio.Redis.from_url(self.redis_url) as client:
+            with anyio.fail_after(SETTLE_S):
+                while not await client.hexists(self._key(session_id, "data"), "state"):  # type: ignore[misc]
+                    await anyio.sleep(0.2)
+
+
+@pytest.fixture(params=["folder", "redis"])
+async def shared_state(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SharedState]:
+    if request.param == "folder":
+        yield SharedState(tmp_path / "state", None)
+        return
+    async with redis_server(tmp_path / "redis") as url:
+        yield SharedState(tmp_path / "state", url)
+
+
 @pytest.mark.skipif(NGINX is None, reason="nginx is not installed (Debian: apt-get install nginx-light)")
-async def test_a_session_survives_the_loss_of_its_instance_behind_nginx(tmp_path: Path, backend: str) -> None:
+async def test_a_session_survives_the_loss_of_its_instance_behind_nginx(
+    tmp_path: Path, backend: str, shared_state: SharedState
+) -> None:
     """Both routes, one per backend run: pyodide with today's client (Mcp-Param-Session-Id), and
-    subprocess with a client of the initialize handshake (Mcp-Session-Id, stateless HTTP)."""
+    subprocess with a client of the initialize handshake (Mcp-Session-Id, stateless HTTP); each
+    on a shared folder and on Redis."""
     mode = "auto" if backend == "pyodide" else "legacy"
-    state = tmp_path / "state"
     env = {
         "MCP_SANDBOX_BACKEND": backend,
-        "MCP_SANDBOX_STATE_DIR": str(state),
+        **shared_state.env,
         "MCP_SANDBOX_STATELESS_HTTP": "true",
         "MCP_SANDBOX_LEASE_SECONDS": str(LEASE_S),
     }
@@ -132,12 +176,12 @@ async def test_a_session_survives_the_loss_of_its_instance_behind_nginx(tmp_path
         await client.list_tools()  # what tells a client to mirror the session id into a header
 
         assert (await call(client, "x = 41", session_id="kept"))["success"]
-        holder = lease_holder(state, "kept")
+        holder = await shared_state.holder("kept")
         assert holder in instances, "the instance that ran the call holds the session's lease"
         for _ in range(3):  # one client's calls stay on one instance: no lease changes hands
             assert (await call(client, "x", session_id="kept"))["result"] == "41"
-            assert lease_holder(state, "kept") == holder
-        await saved(state, "kept")
+            assert await shared_state.holder("kept") == holder
+        await shared_state.saved("kept")
 
         instances[holder].send_signal(signal.SIGKILL)
         await instances[holder].wait()
@@ -145,7 +189,7 @@ async def test_a_session_survives_the_loss_of_its_instance_behind_nginx(tmp_path
             after = await call(client, "x == 41", session_id="kept")
         assert after["result"] == "True", after
         assert after["session_restored"] is True and after["restored_from_call"] >= 1, after
-        survivor = lease_holder(state, "kept")
+        survivor = await shared_state.holder("kept")
         assert survivor in instances and survivor != holder, "the other instance took the session over"
         assert (await call(client, "x + 1", session_id="kept"))["result"] == "42"
 
