@@ -273,13 +273,22 @@ class Checkpoints:
         session.refusal = Refusal(saved.reason, call)
         return False
 
-    async def _hibernate(self, session: Session, *, wait_for_checkpoint: bool = False) -> bool:
+    async def hand_over(self, session: Session) -> None:
+        """Another instance asked for the session: once its running call, if any, ends, write it
+        out and let it go (hibernated here, its lease given up), so the asker restores it at once.
+        A session whose state cannot be carried whole stays; the asker's wait runs out and says so."""
+        if await self._hibernate(session, wait_for_call=True):
+            logger.info("session %r handed over to the instance that asked for it", session.session_id)
+
+    async def _hibernate(
+        self, session: Session, *, wait_for_checkpoint: bool = False, wait_for_call: bool = False
+    ) -> bool:
         """Write an idle session out and give its sandbox back to the pool: whether it was.
         Never when its state cannot be carried whole (the session then stays live)."""
         if session.executor is None or self._closing:
             return False
         if session.lock.locked() and not (
-            wait_for_checkpoint and session.state is SessionState.CHECKPOINTING
+            wait_for_call or (wait_for_checkpoint and session.state is SessionState.CHECKPOINTING)
         ):
             return False  # in a call: not idle
         async with session.lock:

@@ -17,6 +17,13 @@ from mcp_sandbox.store import LeaseHeld, LeaseTaken, Store, StoreError
 
 logger = logging.getLogger(__name__)
 
+#: How often a call waiting for a session another instance holds asks for the lease again, for
+#: the first seconds: a handover takes a checkpoint's time, well under a second when idle.
+HANDOVER_POLL_S = 0.1
+HANDOVER_WAIT_S = 3.0
+#: How often an instance looks for asks to hand its sessions over.
+ASKS_INTERVAL_S = 0.25
+
 
 class Leases:
     """The leases of the sessions in `sessions` (a Sessions's registry), held as `instance`
@@ -52,19 +59,26 @@ class Leases:
         held = session.lease
         if held is not None and held.expires - time.time() > seconds / 2:
             return  # renewed in the background; nobody can have taken it
-        deadline = time.monotonic() + seconds + 1
+        started = time.monotonic()
+        deadline, asked = started + seconds + 1, False
         while True:
             try:
                 lease = await store.acquire_lease(session.session_id, self._instance, seconds)
                 break
             except LeaseHeld as error:
+                if not asked:
+                    # The holder checkpoints the session and lets go once its running call, if any, ends.
+                    await store.ask_for(session.session_id, error.owner, self._instance)
+                    asked = True
                 if time.monotonic() >= deadline:
                     raise SessionElsewhere(
                         f"session {session.session_id!r} is running on another instance of this server "
-                        f"({error}); send each session's calls to one instance (docs/deploy.md: hash on "
-                        "Mcp-Param-Session-Id and Mcp-Session-Id), or retry once that instance has stopped"
+                        f"({error}), which did not hand it over in time (a call still running there, or "
+                        "state a checkpoint cannot carry); send each session's calls to one instance "
+                        "(docs/deploy.md: hash on Mcp-Param-Session-Id and Mcp-Session-Id), or retry"
                     ) from None
-                await anyio.sleep(min(1.0, seconds / 10))
+                soon = time.monotonic() - started < HANDOVER_WAIT_S
+                await anyio.sleep(HANDOVER_POLL_S if soon else min(1.0, seconds / 10))
             except StoreError as error:
                 logger.warning("session %r runs without a lease: %s", session.session_id, error)
                 session.lease = None
@@ -76,6 +90,16 @@ class Leases:
         if taken_meanwhile and session.executor is not None:
             # Another instance may have run it since: the store's state is the one to go on from.
             await self._give_back(session)
+
+    async def asked(self) -> list[str]:
+        """The sessions other instances asked this one to hand over since it last looked."""
+        if self._store is None:
+            return []
+        try:
+            return await self._store.asks(self._instance)
+        except StoreError as error:
+            logger.warning("the asks for this instance's sessions could not be read: %s", error)
+            return []
 
     async def release(self, session: Session) -> None:
         lease, session.lease = session.lease, None

@@ -15,7 +15,7 @@ import anyio.abc
 from mcp_sandbox.backends.base import Backend, Executor
 from mcp_sandbox.checkpointing import Checkpoints, checkpoints_on
 from mcp_sandbox.errors import SessionLimitReached
-from mcp_sandbox.leases import Leases
+from mcp_sandbox.leases import ASKS_INTERVAL_S, Leases
 from mcp_sandbox.lifecycle import Resumed, Session, SessionState, Timings
 from mcp_sandbox.metrics import Metrics
 from mcp_sandbox.pool import ReadyPool
@@ -285,6 +285,19 @@ class Sessions:
     async def renew_leases(self) -> None:
         """Renew the leases of live sessions, forever (run it in a task)."""
         await self._leases.renew_forever()
+
+    async def answer_asks(self) -> None:
+        """Hand over the sessions other instances ask for, forever (run it in a task): a call that
+        reaches another instance, after a routing change, costs a restore, not a wait and an error."""
+        if not self._leases.on:
+            return
+        async with anyio.create_task_group() as handing_over:
+            while True:
+                await anyio.sleep(ASKS_INTERVAL_S)
+                for session_id in await self._leases.asked():
+                    session = self._sessions.get(session_id)
+                    if session is not None and session.lease is not None:
+                        handing_over.start_soon(self._checkpoints.hand_over, session)
 
     async def _run_in(
         self, executor: Executor, code: str, timeout: float, progress: ProgressReport | None

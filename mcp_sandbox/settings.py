@@ -118,8 +118,8 @@ class Settings(BaseSettings):
         ge=1,
         le=3600,
         description="Instances sharing state_dir: how long one's claim on a session lasts unless renewed "
-        "(every third of it). A call for a session another instance holds waits this long for it, so a "
-        "stopped or dead instance's sessions move within it.",
+        "(every third of it). A call for a session another instance holds asks it to hand the session "
+        "over, and waits at most this long; a dead instance's sessions move within it.",
     )
     stateless_http: bool = Field(
         False,

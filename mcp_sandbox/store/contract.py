@@ -146,6 +146,17 @@ class Store(Protocol):
         Never raises: a lease not given up runs out."""
         ...
 
+    async def ask_for(self, session_id: str, holder: str, asker: str) -> None:
+        """Ask `holder`, which holds the session's lease, to hand the session over: it hears of it
+        through `asks`, checkpoints the session and gives the lease up. Never raises: an ask not
+        heard is a lease waited out."""
+        ...
+
+    async def asks(self, holder: str) -> list[str]:
+        """The sessions other instances asked `holder` for since it last looked, each once (an ask
+        left for an instance that stopped runs out on its own). Raises StoreError."""
+        ...
+
     async def aclose(self) -> None:
         """Let go of what the store holds open (connections); its data stays."""
         ...

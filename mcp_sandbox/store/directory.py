@@ -13,6 +13,8 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
+import logging
 import os
 import secrets
 import threading
@@ -45,6 +47,8 @@ from mcp_sandbox.store.contract import (
     StoreError,
 )
 
+logger = logging.getLogger(__name__)
+
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
@@ -74,11 +78,12 @@ class DirectoryStore:
         self._states = root / "sessions"
         self._leases = root / "leases"
         self._records = root / "records"
+        self._asks = root / "asks"
         self._thread_lock = threading.Lock()
         self.max_session_bytes = max_session_bytes
         self.max_total_bytes = max_total_bytes
         root.mkdir(mode=0o700, parents=True, exist_ok=True)  # the operator's folder keeps its mode
-        for folder in (self._states, self._leases, self._records):
+        for folder in (self._states, self._leases, self._records, self._asks):
             folder.mkdir(mode=0o700, exist_ok=True)
             os.chmod(folder, 0o700)  # mkdir's mode yields to the umask, and the folder may be older
 
@@ -117,6 +122,18 @@ class DirectoryStore:
 
     async def release_lease(self, lease: Lease) -> None:
         await self._in_thread(self._release_lease, lease)
+
+    async def ask_for(self, session_id: str, holder: str, asker: str) -> None:
+        try:
+            await self._in_thread(self._ask_for, session_id, holder, asker)
+        except OSError as error:
+            logger.warning("session %r: asking %s for it failed: %s", session_id, holder, error)
+
+    async def asks(self, holder: str) -> list[str]:
+        try:
+            return await self._in_thread(self._take_asks, holder)
+        except OSError as error:
+            raise StoreError(f"the asks for this instance's sessions could not be read: {error}") from error
 
     async def aclose(self) -> None:
         return None
@@ -232,10 +249,10 @@ class DirectoryStore:
         kept = {_file_name(session_id) for session_id in keep}
         now = time.time()
         deadline, deleted = now - seconds, 0
-        for path in self._leases.glob("*.lease"):
+        for path in [*self._leases.glob("*.lease"), *self._asks.glob("*.ask")]:
             with contextlib.suppress(OSError):
                 if path.stat().st_mtime < deadline:
-                    path.unlink()
+                    path.unlink()  # an ask this old was left for an instance that stopped
         for path in [*self._states.glob("*.state"), *self._records.glob("*.record")]:
             with contextlib.suppress(OSError):
                 name = path.name.rsplit(".", 1)[0]
@@ -247,6 +264,34 @@ class DirectoryStore:
                 path.unlink()
                 deleted += path.suffix == ".state"
         return deleted
+
+    def _ask_for(self, session_id: str, holder: str, asker: str) -> None:
+        # One file per (holder, session): asking twice is one ask.
+        target = self._asks / f"{_file_name(holder)}.{_file_name(session_id)}.ask"
+        partial = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as file:
+                file.write(json.dumps({"session_id": session_id, "asker": asker}).encode())
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def _take_asks(self, holder: str) -> list[str]:
+        asked = []
+        for path in self._asks.glob(f"{_file_name(holder)}.*.ask"):
+            try:
+                data = path.read_bytes()[:MAX_HEADER_BYTES]
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            try:
+                session_id = json.loads(data)["session_id"]
+            except (ValueError, KeyError, TypeError):
+                continue  # not an ask this store wrote: nobody is waiting on it
+            if isinstance(session_id, str):
+                asked.append(session_id)
+        return asked
 
     def _delete(self, session_id: str) -> None:
         for path in (self._path(session_id), self._record_path(session_id)):

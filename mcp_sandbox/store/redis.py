@@ -54,6 +54,10 @@ _Arg = str | int | bytes
 #: MB included): an unreachable Redis is an error within these, never a hang.
 CONNECT_TIMEOUT = 3.0
 COMMAND_TIMEOUT = 15.0
+#: An ask for a session is kept this long for its holder, which looks several times a second.
+ASKS_LIFETIME_MS = 60_000
+#: Asks one look takes at most; the rest wait for the next look.
+ASKS_AT_ONCE = 1000
 
 # KEYS: data, fence. ARGV: field (state or record), value, fence (-1: no lease), data ttl ms,
 # fence ttl ms. Refused (0) when another lease was acquired since, or the stored value is newer.
@@ -271,6 +275,26 @@ class RedisStore:
             await self._ask("giving the session's lease up", self._release(keys=keys, args=[lease.token]))
         except StoreError as error:
             logger.warning("session %r: %s; it runs out on its own", lease.session_id, error)
+
+    async def ask_for(self, session_id: str, holder: str, asker: str) -> None:
+        key = self._asks_key(holder)
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.sadd(key, session_id)
+                pipe.pexpire(key, ASKS_LIFETIME_MS)  # left for a holder that stopped: gone on its own
+                await self._ask(f"asking {holder} for the session", pipe.execute())
+        except StoreError as error:
+            logger.warning("session %r: %s", session_id, error)
+
+    async def asks(self, holder: str) -> list[str]:
+        taken: list[bytes] | None = await self._ask(
+            "reading the asks for this instance's sessions",
+            self._client.spop(self._asks_key(holder), ASKS_AT_ONCE),  # type: ignore[arg-type]
+        )
+        return [member.decode() for member in taken or []]
+
+    def _asks_key(self, holder: str) -> str:
+        return f"{self.prefix}asks:{holder}"
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -280,3 +280,15 @@ async def test_an_unreachable_redis_is_a_store_error_at_once() -> None:
             await store.release_lease(Lease("s", "instance-a", "t", time.time() + 30, 1))  # never raises
     finally:
         await store.aclose()
+
+
+async def test_an_ask_for_a_session_reaches_its_holder_once(backing: Backing) -> None:
+    holder, other, asker = backing.store(), backing.store(), backing.store()
+    assert await holder.asks("holder") == []
+    await asker.ask_for("s1", "holder", "asker")
+    await asker.ask_for("s1", "holder", "asker")  # asked twice, heard once
+    await asker.ask_for("s2", "holder", "asker")
+    await asker.ask_for("s3", "someone-else", "asker")
+    assert sorted(await holder.asks("holder")) == ["s1", "s2"]
+    assert await holder.asks("holder") == [], "an ask is heard once"
+    assert await other.asks("someone-else") == ["s3"]
