@@ -278,6 +278,7 @@ class Checkpoints:
         out and let it go (hibernated here, its lease given up), so the asker restores it at once.
         A session whose state cannot be carried whole stays; the asker's wait runs out and says so."""
         if await self._hibernate(session, wait_for_call=True):
+            self._metrics.handovers.inc()
             logger.info("session %r handed over to the instance that asked for it", session.session_id)
 
     async def _hibernate(

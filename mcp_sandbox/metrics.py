@@ -136,13 +136,18 @@ class Metrics:
         )
         self.checkpoint_bytes = Counter(
             "mcp_sandbox_checkpoint_bytes",
-            "Bytes of checkpoints written to the store (compressed, as stored).",
+            "Bytes of checkpoints written to the store, as the sandbox gave them (before compression).",
             registry=registry,
         )
         self.store_errors = Counter(
             "mcp_sandbox_store_errors",
             "Store operations that failed (a disk full, a cap reached, the store unreachable), by operation.",
             ["operation"],
+            registry=registry,
+        )
+        self.handovers = Counter(
+            "mcp_sandbox_handovers",
+            "Sessions this instance checkpointed and let go because another instance asked for them.",
             registry=registry,
         )
         self._gauges = _Gauges()

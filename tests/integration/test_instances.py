@@ -16,9 +16,11 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import httpx
 import pytest
 import redis.asyncio
 from mcp import Client
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import (
     as_caller,
@@ -243,6 +245,14 @@ async def test_two_principals_sessions_of_one_name_each_survive_the_move_with_it
         assert (await call(bob, "owner", session_id="analysis"))["result"] == "'bob'"
 
 
+async def handovers(port: int) -> float:
+    """The instance's count of sessions it handed over, from its /metrics."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "mcp_sandbox_handovers"]
+    return sum(sample.value for sample in family.samples if sample.name.endswith("_total"))
+
+
 async def test_a_call_for_a_session_another_instance_holds_is_handed_over(
     tmp_path: Path, shared_state: SharedState
 ) -> None:
@@ -261,6 +271,7 @@ async def test_a_call_for_a_session_another_instance_holds_is_handed_over(
         assert moved["result"] == "41", moved
         assert moved["session_restored"] is True and moved["restored_from_call"] == 1, moved
         assert await shared_state.holder("busy") == second_process.pid
+        assert await handovers(first) == 1 and await handovers(second) == 0
         assert (await call(b, "x += 1", session_id="busy"))["success"]
         back = await call(a, "x", session_id="busy")
         assert back["result"] == "42" and back["session_restored"] is True, back
