@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -64,6 +65,9 @@ class Checkpoints:
         #: Checkpoints taken at once: each costs a core for tens of milliseconds (seconds for a
         #: large pickle), and a burst of sessions pausing together must not starve the calls.
         self._checkpoint_slots = anyio.Semaphore(max(1, (os.cpu_count() or 2) // 2))
+        #: Sessions told that their checkpoints pause (the store could not be written): told
+        #: once, and once more when one lands again.
+        self._paused: weakref.WeakSet[Session] = weakref.WeakSet()
 
     @property
     def on(self) -> bool:
@@ -201,10 +205,7 @@ class Checkpoints:
         except StoreError as error:
             self._metrics.store_errors.labels("write_record").inc()
             logger.warning("session %r: %s", session.session_id, error)
-            return [
-                f"{error}; should this server stop before the session's next checkpoint, its next result "
-                "may not be able to say what was lost"
-            ]
+            return self._pause(session, error)
         session.recorded = session.calls
         if not self._open(session):
             await self._forget(session.session_id)  # reset meanwhile
@@ -250,9 +251,14 @@ class Checkpoints:
             state = SavedState(self._backend.name, self._backend.build, saved.payload, call, saved.lost)
             try:
                 await self._store.save(session.session_id, state, lease)
-            except StoreError as error:
+            except LeaseTaken as error:
                 saved = NotDone(str(error))
                 self._metrics.store_errors.labels("save").inc()
+            except StoreError as error:
+                self._metrics.store_errors.labels("save").inc()
+                logger.warning("session %r: %s", session.session_id, error)
+                session.notes.extend(self._pause(session, error))
+                return False
             else:
                 if not self._open(session):
                     # Reset while it was being written: what was written belongs to nobody.
@@ -260,6 +266,11 @@ class Checkpoints:
                     return False
                 session.saved, session.refusal = Saved(call, saved.lost), None
                 self._metrics.count_checkpoint(len(state.payload))
+                if session in self._paused:
+                    self._paused.discard(session)
+                    session.notes.append(
+                        f"checkpoints resumed: the session's state after call {call} is in the store"
+                    )
                 return not saved.lost
         if session.refusal is None or saved.reason != session.refusal.reason:
             kept = (
@@ -272,6 +283,24 @@ class Checkpoints:
             )
         session.refusal = Refusal(saved.reason, call)
         return False
+
+    def _pause(self, session: Session, error: StoreError) -> list[str]:
+        """The store could not be written (unreachable, full): what the session's caller is told,
+        once until a checkpoint lands again (then that is said too)."""
+        if session in self._paused:
+            return []
+        self._paused.add(session)
+        kept = session.saved.call
+        at_risk = (
+            f"a restart of this server or a crash of its sandbox would take it back to its checkpoint "
+            f"after call {kept}"
+            if kept
+            else "a restart of this server or a crash of its sandbox would lose it (it has no checkpoint)"
+        )
+        return [
+            f"checkpoints are paused: {error}. The session runs on in its sandbox, whole, but {at_risk}; "
+            "the next result that follows a checkpoint landing says they resumed"
+        ]
 
     async def hand_over(self, session: Session) -> None:
         """Another instance asked for the session: once its running call, if any, ends, write it

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import anyio
 
 from mcp_sandbox.errors import SessionElsewhere
-from mcp_sandbox.lifecycle import Session, SessionState
+from mcp_sandbox.lifecycle import Saved, Session, SessionState
 from mcp_sandbox.pool import ReadyPool
-from mcp_sandbox.store import LeaseHeld, LeaseTaken, Store, StoreError
+from mcp_sandbox.store import Lease, LeaseHeld, LeaseTaken, Store, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ class Leases:
         self._instance = instance
         self._sessions = sessions
         self._ready_pool = ready_pool
+        #: Called with a session whose lease the store had lost and that was taken again: its
+        #: checkpoint went with it, so one is taken (Checkpoints.when_idle).
+        self.on_retaken: Callable[[Session], None] | None = None
+        self._asks_failing = False
 
     @property
     def on(self) -> bool:
@@ -59,6 +63,22 @@ class Leases:
         held = session.lease
         if held is not None and held.expires - time.time() > seconds / 2:
             return  # renewed in the background; nobody can have taken it
+        if held is not None:
+            # Renewed rather than acquired, so a lease that ran out while the store could not be
+            # reached, or that the store lost (restarted empty), stays this instance's if nobody
+            # took the session since: its sandbox holds the latest state.
+            try:
+                renewed = await store.renew_lease(held, seconds)
+            except LeaseTaken:
+                pass  # another instance ran it: acquired below, and the sandbox given back
+            except StoreError as error:
+                logger.warning("session %r runs on without renewing its lease: %s", session.session_id, error)
+                return
+            else:
+                session.lease = renewed
+                if renewed.retaken:
+                    self._retaken(session)
+                return
         started = time.monotonic()
         deadline, asked = started + seconds + 1, False
         while True:
@@ -80,26 +100,56 @@ class Leases:
                 soon = time.monotonic() - started < HANDOVER_WAIT_S
                 await anyio.sleep(HANDOVER_POLL_S if soon else min(1.0, seconds / 10))
             except StoreError as error:
+                # Its lease, if it had one, is kept: renewed once the store answers again.
                 logger.warning("session %r runs without a lease: %s", session.session_id, error)
-                session.lease = None
                 return
         session.lease = lease
         if lease.taken_from is not None:
             session.moved_from = lease.taken_from
         taken_meanwhile = held is None or lease.token != held.token
-        if taken_meanwhile and session.executor is not None:
+        if taken_meanwhile and session.executor is not None and await self._ran_elsewhere(session, lease):
             # Another instance may have run it since: the store's state is the one to go on from.
             await self._give_back(session)
+
+    async def _ran_elsewhere(self, session: Session, lease: Lease) -> bool:
+        """Whether another instance may have run the session since this one's sandbox took it up,
+        now that this instance holds a new lease on it: the lease was taken from another owner,
+        or the store's record names another. A session that ran here without a lease (the store
+        unreachable) and that nobody else ran keeps its sandbox, which holds its latest state."""
+        if lease.taken_from is not None:
+            return True
+        try:
+            record = await self._store.read_record(session.session_id) if self._store else None
+        except StoreError:
+            return True  # not known: the store's state is the safe one to go on from
+        return record is not None and record.owner != self._instance
+
+    def _retaken(self, session: Session) -> None:
+        """The store had lost the session's lease, and with it its checkpoint and record (a Redis
+        restarted without its data); this instance took the lease again, and its sandbox holds
+        the session's state: the session is checkpointed again, and its record written again."""
+        logger.warning(
+            "session %r: the store had lost its lease and its checkpoint (restarted without its data?); "
+            "the lease is taken again, and the session checkpointed anew",
+            session.session_id,
+        )
+        session.saved, session.recorded, session.refusal = Saved(), -1, None
+        if self.on_retaken is not None:
+            self.on_retaken(session)
 
     async def asked(self) -> list[str]:
         """The sessions other instances asked this one to hand over since it last looked."""
         if self._store is None:
             return []
         try:
-            return await self._store.asks(self._instance)
+            asks = await self._store.asks(self._instance)
         except StoreError as error:
-            logger.warning("the asks for this instance's sessions could not be read: %s", error)
+            if not self._asks_failing:  # said once, not four times a second while the store is away
+                logger.warning("the asks for this instance's sessions could not be read: %s", error)
+            self._asks_failing = True
             return []
+        self._asks_failing = False
+        return asks
 
     async def release(self, session: Session) -> None:
         lease, session.lease = session.lease, None
@@ -150,6 +200,8 @@ class Leases:
                 else:
                     if session.lease is lease:
                         session.lease = renewed
+                        if renewed.retaken:
+                            self._retaken(session)
 
     async def _give_back(self, session: Session) -> None:
         executor = session.to(SessionState.MOVED)

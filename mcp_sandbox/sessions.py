@@ -112,6 +112,7 @@ class Sessions:
             task_group=task_group,
             metrics=self._metrics,
         )
+        leases.on_retaken = checkpoints.when_idle
         self._attached = checkpoints, leases
 
     def on_progress(self, executor: Executor, line: str) -> None:

@@ -265,3 +265,72 @@ async def redis_server(folder: Path) -> AsyncIterator[str]:
         yield url
     finally:
         await stop_process(process)
+
+
+class RestartableRedis:
+    """A redis-server of its own on 127.0.0.1 that a test stops, pauses and starts again on the
+    same port (persistence off unless `appendonly`: a restart comes back empty). Made by
+    `restartable_redis`."""
+
+    def __init__(self, binary: str, folder: Path, *, appendonly: bool = False) -> None:
+        self._binary, self._folder, self._appendonly = binary, folder, appendonly
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: anyio.abc.Process | None = None
+
+    async def start(self) -> None:
+        """Start it (again, on the same port) and wait until it answers PING."""
+        import redis.asyncio
+
+        assert self.process is None, "already running"
+        command = [self._binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", ""]
+        command += ["--appendonly", "yes" if self._appendonly else "no", "--dir", str(self._folder)]
+        self.process = process = await anyio.open_process(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        client = redis.asyncio.Redis.from_url(self.url, socket_connect_timeout=1, socket_timeout=1)
+        try:
+            with anyio.fail_after(10):
+                while True:
+                    if process.returncode is not None:
+                        raise RuntimeError(f"redis-server exited with {process.returncode}")
+                    try:
+                        if await client.ping():
+                            return
+                    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                        await anyio.sleep(0.05)
+        finally:
+            await client.aclose()
+
+    async def stop(self) -> None:
+        """Stop it (SIGTERM, SIGKILL after 5 s): its port refuses connections until `start`."""
+        process, self.process = self.process, None
+        if process is not None:
+            if process.returncode is None:
+                process.send_signal(signal.SIGCONT)  # a paused one cannot end
+            await stop_process(process, grace=5)
+
+    def pause(self) -> None:
+        """SIGSTOP it, as a network partition looks: connections open, nothing answered."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+
+@asynccontextmanager
+async def restartable_redis(folder: Path, *, appendonly: bool = False) -> AsyncIterator[RestartableRedis]:
+    """A started `RestartableRedis` with its files in `folder`, stopped at the end. Skips the test,
+    saying why, where redis-server is not installed."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (.ci/run installs Debian's redis-server)")
+    folder.mkdir(parents=True, exist_ok=True)
+    server = RestartableRedis(binary, folder, appendonly=appendonly)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()

@@ -55,6 +55,10 @@ class Lease:
     #: Acquired from this other owner, whose lease ran out: the session ran there (and may have
     #: run calls it never checkpointed).
     taken_from: str | None = None
+    #: A renewal found that the store had lost the lease and the session's fence (a Redis
+    #: restarted without its data) and nobody took the session since, so it took the lease again:
+    #: what the store held of the session (its checkpoint, its record) is gone with them.
+    retaken: bool = False
 
     def same(self, other: Lease | None) -> bool:
         """The same lease, whatever its expiry (renewals move it)."""
@@ -138,7 +142,9 @@ class Store(Protocol):
 
     async def renew_lease(self, lease: Lease, seconds: float) -> Lease:
         """The same lease, running `seconds` from now. Raises LeaseTaken when it is no longer
-        held (it ran out and another instance took it), and StoreError."""
+        held (it ran out and another instance took it), and StoreError. A store that lost the
+        lease and the session's fence altogether (Redis restarted empty) takes it again if nobody
+        took the session since, `retaken`; its fence then stays above every later lease's."""
         ...
 
     async def release_lease(self, lease: Lease) -> None:

@@ -21,6 +21,7 @@ apply here: docs/deploy.md).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import secrets
 import time
@@ -28,6 +29,7 @@ import urllib.parse
 from collections.abc import Awaitable
 from typing import TypeVar
 
+import anyio
 import redis.asyncio
 import redis.exceptions
 from redis.backoff import NoBackoff
@@ -50,23 +52,36 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _Arg = str | int | bytes
 
-#: Seconds a connection may take to open, and a command to answer (a checkpoint of hundreds of
-#: MB included): an unreachable Redis is an error within these, never a hang.
+#: Seconds a connection may take to open, a command to answer (a checkpoint of hundreds of MB
+#: included), and a command that carries no state (a lease, a record, the asks): an unreachable
+#: Redis is an error within these, never a hang.
 CONNECT_TIMEOUT = 3.0
 COMMAND_TIMEOUT = 15.0
+SMALL_COMMAND_TIMEOUT = 3.0
+#: After Redis could not be reached, every call fails at once for this long, then one call looks
+#: (a PING that must answer within PROBE_TIMEOUT) while the others still fail at once: a Redis that
+#: is down or cut off (a partition: nothing answers) costs a session's calls nothing, where each
+#: would otherwise wait out the timeouts above.
+UNREACHABLE_PAUSE = 2.0
+PROBE_TIMEOUT = 1.0
 #: An ask for a session is kept this long for its holder, which looks several times a second.
 ASKS_LIFETIME_MS = 60_000
 #: Asks one look takes at most; the rest wait for the next look.
 ASKS_AT_ONCE = 1000
 
 # KEYS: data, fence. ARGV: field (state or record), value, fence (-1: no lease), data ttl ms,
-# fence ttl ms. Refused (0) when another lease was acquired since, or the stored value is newer.
+# fence ttl ms. Refused (0) when another lease was acquired since, or the stored value is newer;
+# (-1) when the lease is from before Redis lost the session's keys (restarted empty) and nobody
+# took the session since: its holder's next renewal takes it again. A fence above the counter is
+# never written, so an old lease cannot outrank the leases taken after such a loss.
 _WRITE = """
 local fence = tonumber(ARGV[3])
 if fence >= 0 then
-  local counter = tonumber(redis.call('HGET', KEYS[2], 'counter')) or 0
+  local counter = tonumber(redis.call('HGET', KEYS[2], 'counter'))
+  if not counter and fence > 0 then return -1 end
+  counter = counter or 0
   local stored = tonumber(redis.call('HGET', KEYS[1], ARGV[1] .. '_fence')) or 0
-  if fence < counter or fence < stored then return 0 end
+  if fence ~= counter or fence < stored then return 0 end
 else
   fence = 0
 end
@@ -102,15 +117,21 @@ return {'ok', token, fence, taken_from}
 """
 
 # KEYS: lease, fence, data. ARGV: owner, token, fence, lease ms, data ttl ms, fence ttl ms.
-# 1, or 0 when another lease was acquired since.
+# 1; 0 when another lease was acquired since; 2 when Redis had lost the session's keys (restarted
+# empty, or they expired) and nobody took it since: the lease is taken again with its token and
+# fence, and the counter goes on from that fence, so every later lease is fenced above it.
 _RENEW = """
-local last = redis.call('HMGET', KEYS[2], 'token', 'fence')
-if last[1] ~= ARGV[2] then return 0 end
+local last = redis.call('HMGET', KEYS[2], 'token', 'fence', 'counter')
+local answer = 1
+if not last[3] and redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[2], 'counter', ARGV[3], 'owner', ARGV[1], 'token', ARGV[2], 'fence', ARGV[3])
+  answer = 2
+elseif last[1] ~= ARGV[2] then return 0 end
 redis.call('SET', KEYS[1], cjson.encode({owner = ARGV[1], token = ARGV[2], fence = tonumber(ARGV[3])}),
   'PX', ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
 redis.call('PEXPIRE', KEYS[3], ARGV[5])
-return 1
+return answer
 """
 
 # KEYS: lease, fence. ARGV: token. The counter stays.
@@ -150,9 +171,14 @@ class RedisStore:
             url,
             socket_connect_timeout=CONNECT_TIMEOUT,
             socket_timeout=COMMAND_TIMEOUT,
-            # One retry on a new connection (a pooled one Redis closed), then an error at once.
-            retry=Retry(NoBackoff(), 1),
+            # One retry on a new connection (a pooled one Redis closed), then an error at once; a
+            # timeout is not retried (it would only be waited out twice).
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
         )
+        #: Redis could not be reached: calls fail at once until then (monotonic; 0: reachable).
+        self._down_until = 0.0
+        self._down_reason = ""
+        self._probing = False
         self._write = self._client.register_script(_WRITE)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._renew = self._client.register_script(_RENEW)
@@ -162,10 +188,16 @@ class RedisStore:
         """The key of one of the session's three: data, lease or fence."""
         return f"{self.prefix}{{{session_id}}}:{kind}"
 
-    async def _ask(self, doing: str, command: Awaitable[_T]) -> _T:
+    async def _ask(self, doing: str, command: Awaitable[_T], timeout: float = SMALL_COMMAND_TIMEOUT) -> _T:
         """The command's answer; its failure as StoreError, saying what could not be done."""
         try:
-            return await command
+            await self._reachable(doing)
+        except StoreError:
+            _discard(command)
+            raise
+        try:
+            with anyio.fail_after(timeout):
+                return await command
         except redis.exceptions.ResponseError as error:
             if str(error).startswith("OOM"):
                 raise StoreError(
@@ -173,8 +205,42 @@ class RedisStore:
                     "need (reset_session), or give Redis more memory"
                 ) from error
             raise StoreError(f"{doing} failed: {self.where} answered {error}") from error
+        except (redis.exceptions.RedisError, OSError) as error:  # TimeoutError is an OSError
+            raise self._unreachable(doing, error) from error
+
+    async def _reachable(self, doing: str) -> None:
+        """Raise StoreError at once while Redis is known unreachable: for UNREACHABLE_PAUSE seconds
+        after it could not be reached, then while one call looks (a PING answered within
+        PROBE_TIMEOUT, or it is unreachable for another pause)."""
+        if not self._down_until:
+            return
+        if time.monotonic() < self._down_until or self._probing:
+            raise StoreError(f"{doing} failed: {self.where} could not be reached ({self._down_reason})")
+        self._probing = True
+        try:
+            with anyio.fail_after(PROBE_TIMEOUT):
+                await self._client.ping()
         except (redis.exceptions.RedisError, OSError) as error:
-            raise StoreError(f"{doing} failed: {self.where} could not be reached ({error})") from error
+            raise self._unreachable(doing, error) from error
+        finally:
+            self._probing = False
+        self._down_until = 0.0
+        logger.warning("%s answers again", self.where)
+
+    def _unreachable(self, doing: str, error: BaseException) -> StoreError:
+        """Redis could not be reached: the calls of the next UNREACHABLE_PAUSE seconds fail at once."""
+        if isinstance(error, TimeoutError) and not str(error):
+            error = TimeoutError("no answer in time")
+        if not self._down_until:
+            logger.warning(
+                "%s could not be reached (%s); store calls fail at once, and it is tried again every %g s",
+                self.where,
+                error,
+                UNREACHABLE_PAUSE,
+            )
+        self._down_until = time.monotonic() + UNREACHABLE_PAUSE
+        self._down_reason = str(error)
+        return StoreError(f"{doing} failed: {self.where} could not be reached ({error})")
 
     async def save(self, session_id: str, state: SavedState, lease: Lease | None = None) -> int:
         data = encode_state(
@@ -197,33 +263,41 @@ class RedisStore:
         keys = [self.key(session_id, "data"), self.key(session_id, "fence")]
         fence = lease.fence if lease is not None else -1
         args: list[_Arg] = [field, value, fence, self._data_ms, self._fence_ms]
-        written = await self._ask(f"writing the session's {field}", self._write(keys=keys, args=args))
+        timeout = COMMAND_TIMEOUT if field == "state" else SMALL_COMMAND_TIMEOUT
+        doing = f"writing the session's {field}"
+        written = await self._ask(doing, self._write(keys=keys, args=args), timeout)
+        if written == -1:
+            raise StoreError(
+                f"{doing} failed: {self.where} lost this instance's lease on the session (restarted "
+                "without its data?); it is taken again at its next renewal"
+            )
         if not written:
             raise LeaseTaken(f"session {session_id!r} is run by another instance now")
 
     async def load(self, session_id: str) -> SavedState | None:
+        doing = "reading the session's state"
+        await self._reachable(doing)
         try:
-            data = await self._client.hget(self.key(session_id, "data"), "state")
+            with anyio.fail_after(COMMAND_TIMEOUT):
+                data = await self._client.hget(self.key(session_id, "data"), "state")
         except redis.exceptions.ResponseError as error:
             raise StateUnusable(f"it is not a state of this version of mcp-sandbox ({error})") from error
         except (redis.exceptions.RedisError, OSError) as error:
-            raise StoreError(
-                f"reading the session's state failed: {self.where} could not be reached"
-            ) from error
+            raise self._unreachable(doing, error) from error
         if data is None:
             return None
         return decode_state(session_id, _bytes(data), self.max_session_bytes)
 
     async def read_record(self, session_id: str) -> SessionRecord | None:
-        key = self.key(session_id, "data")
+        key, doing = self.key(session_id, "data"), "reading the session's record"
+        await self._reachable(doing)
         try:
-            data = await self._client.hget(key, "record")
+            with anyio.fail_after(SMALL_COMMAND_TIMEOUT):
+                data = await self._client.hget(key, "record")
         except redis.exceptions.ResponseError:
             return DAMAGED_RECORD  # not a hash of ours
         except (redis.exceptions.RedisError, OSError) as error:
-            raise StoreError(
-                f"reading the session's record failed: {self.where} could not be reached"
-            ) from error
+            raise self._unreachable(doing, error) from error
         return None if data is None else decode_record(session_id, _bytes(data))[0]
 
     async def delete(self, session_id: str) -> None:
@@ -265,9 +339,17 @@ class RedisStore:
             self._data_ms,
             self._fence_ms,
         ]
-        if not await self._ask("renewing the session's lease", self._renew(keys=keys, args=args)):
+        answer = await self._ask("renewing the session's lease", self._renew(keys=keys, args=args))
+        if not answer:
             raise LeaseTaken(f"session {lease.session_id!r} is run by another instance now")
-        return Lease(lease.session_id, lease.owner, lease.token, time.time() + seconds, lease.fence)
+        return Lease(
+            lease.session_id,
+            lease.owner,
+            lease.token,
+            time.time() + seconds,
+            lease.fence,
+            retaken=answer == 2,
+        )
 
     async def release_lease(self, lease: Lease) -> None:
         keys = [self.key(lease.session_id, kind) for kind in ("lease", "fence")]
@@ -301,6 +383,12 @@ class RedisStore:
 
     def __repr__(self) -> str:
         return f"RedisStore({self.where}, prefix={self.prefix!r})"
+
+
+def _discard(command: Awaitable[object]) -> None:
+    """A command not sent: its coroutine closed unawaited, without a warning."""
+    if inspect.iscoroutine(command):
+        command.close()
 
 
 def _ms(seconds: float) -> int:
