@@ -1,5 +1,6 @@
-"""The oracle: sessions driven through SIGKILL and SIGTERM restarts, sandbox kills and
-hibernation at chosen moments, every result held against a model of what each session holds.
+"""The oracle: sessions driven through SIGKILL and SIGTERM restarts, sandbox kills, hibernation
+and moves between instances at chosen moments, every result held against a model of what each
+session holds, on a shared folder and on a real redis-server.
 
 A session may roll back to a checkpoint or be lost, as long as the result says so. So every
 result must be one of:
@@ -10,8 +11,13 @@ result must be one of:
 Anything else fails the test, naming the seed, the session and its log.
 
 Each program appends its call's number to `log` and returns it, so a result shows the whole state.
-Bounded in rounds and time, seeded so a failure replays: `pytest -m oracle -k "seed-7"`. Runs on
-its own (`pytest -m oracle`); CI's soak step runs one seed per backend, one on each topology.
+Three topologies: one instance that restarts; two that take turns (the load moves to the other
+after each restart); two that get each call at random, so a session's calls keep moving between
+live instances and each move is a handover (the holder checkpoints it and lets go, the other
+restores it): there, no call may be refused as running on another instance.
+
+Bounded in rounds and time, seeded so a failure replays: `pytest -m oracle -k "seed-7-"`. Runs on
+its own (`pytest -m oracle`); CI's soak step runs QUICK.
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ import ast
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +41,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.helpers import free_port, process_tree, server_env, stop_process, wait_for_port
+from tests.helpers import free_port, process_tree, redis_server, server_env, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.oracle]
 
@@ -49,11 +58,14 @@ FAULTS = ["sigkill", "sigterm", "sandboxes"]
 #: When, after the round's last call: at once, at fixed delays (a checkpoint lands about 2 s after
 #: a call), while that checkpoint is written, or while a call that hibernates another runs.
 MOMENTS: list[float | str] = [0.0, 0.3, 1.0, 2.2, 3.5, "checkpoint", "hibernation"]
-#: Fixed seeds: `pytest -m oracle` runs them all on both backends (even seeds on one instance that
-#: restarts, odd ones on two instances sharing the folder).
+#: How the calls reach the instances, by seed % 3: one that restarts; two taking turns, the load
+#: moving after each restart; two getting each call at random.
+TOPOLOGIES = ["one", "turns", "random"]
+#: Fixed seeds: `pytest -m oracle` runs them all on both backends, odd ones on a shared folder and
+#: even ones on Redis (so every topology meets both stores).
 SEEDS = list(range(1, 21))
-#: What CI runs in its soak step: each backend once, one on two instances, one on one.
-QUICK = [("pyodide", 1), ("subprocess", 2)]
+#: What CI runs in its soak step: each backend and each store, and every topology once.
+QUICK = [("pyodide", 3), ("subprocess", 4), ("subprocess", 14)]
 #: What a call whose sandbox died answers.
 SANDBOX_DIED = {"SandboxCrash", "MemoryLimit", "Timeout"}
 
@@ -69,6 +81,8 @@ class SessionModel:
     had: dict[int, list[list[int]]] = field(default_factory=lambda: {0: [[]]})
     #: The client's view of its life, for the failure message.
     events: list[str] = field(default_factory=list)
+    #: The instance that answered its latest call (a moved call is one another live instance answers).
+    served_by: Instance | None = None
 
     def remember(self, call: int, log: list[int]) -> None:
         self.had.setdefault(call, [])
@@ -121,7 +135,20 @@ class SessionModel:
         return None
 
 
-@dataclass
+def topology(seed: int) -> str:
+    return TOPOLOGIES[seed % 3]
+
+
+def store(seed: int) -> str:
+    return "folder" if seed % 2 else "redis"
+
+
+def run_id(backend: str, seed: int) -> str:
+    """A run's test id, naming what the seed chooses."""
+    return f"{backend}-seed-{seed}-{topology(seed)}-{store(seed)}"
+
+
+@dataclass(eq=False)  # one started process: a restart is another Instance
 class Instance:
     port: int
     process: anyio.abc.Process
@@ -131,20 +158,28 @@ class Instance:
 class Run:
     backend: str
     seed: int
-    state_dir: Path
+    #: Where the instances keep sessions: MCP_SANDBOX_STATE_DIR or MCP_SANDBOX_STATE_URL.
+    state: dict[str, str]
     logs: Path
     sessions: dict[str, SessionModel]
     wrong: list[str] = field(default_factory=list)
     said: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(["calls", "unanswered", "restored", "lost", "faults"], 0)
+        default_factory=lambda: dict.fromkeys(
+            ["calls", "unanswered", "restored", "lost", "faults", "moved", "refused"], 0
+        )
     )
+    #: Seconds each answered call took (its connection included), moved ones apart.
+    moved_s: list[float] = field(default_factory=list)
+    stayed_s: list[float] = field(default_factory=list)
+    #: The instances now serving (a restarted one is a new Instance).
+    serving: list[Instance] = field(default_factory=list)
     number: int = 0
     started: int = 0
 
     def env(self) -> dict[str, str]:
         return {
             "MCP_SANDBOX_BACKEND": self.backend,
-            "MCP_SANDBOX_STATE_DIR": str(self.state_dir),
+            **self.state,
             "MCP_SANDBOX_STATELESS_HTTP": "true",
             "MCP_SANDBOX_LEASE_SECONDS": str(LEASE_S),
             "MCP_SANDBOX_MAX_LIVE_SANDBOXES": str(MAX_LIVE),
@@ -164,17 +199,20 @@ class Run:
         await wait_for_port(port, process)
         return Instance(port, process)
 
-    async def call(self, url: str, name: str) -> None:
-        """One call in session `name`, on a connection of its own (a server killed during a call
-        breaks the connection it came on)."""
+    async def call(self, instance: Instance, name: str) -> None:
+        """One call in session `name` to `instance`, on a connection of its own (a server killed
+        during a call breaks the connection it came on)."""
         session = self.sessions[name]
         self.number += 1
         number = self.number
         code = f"log = globals().get('log', [])\nlog.append({number})\nlog"
         self.said["calls"] += 1
+        # Moved: the instance that last served the session is still up, and this call goes elsewhere.
+        moved = session.served_by in self.serving and session.served_by is not instance
+        started = time.monotonic()
         try:
             with anyio.fail_after(60):
-                async with Client(url) as client:
+                async with Client(f"http://127.0.0.1:{instance.port}/mcp") as client:
                     response = await client.call_tool("execute_python", {"code": code, "session_id": name})
         except TimeoutError:
             self.wrong.append(f"seed {self.seed}, {name}: call {number} got no answer in 60 s")
@@ -184,10 +222,19 @@ class Run:
             session.unanswered(number)
             session.events[-1] += f" ({type(error).__name__})"
             return
+        took = time.monotonic() - started
         result = response.structured_content
         if response.is_error or result is None:
-            self.wrong.append(f"seed {self.seed}, {name}: call {number} has no result: {response.content}")
+            text = " ".join(getattr(part, "text", "") for part in response.content)
+            self.said["refused"] += "another instance" in text
+            session.events.append(f"call {number} on :{instance.port}: no result ({took:.1f} s): {text}")
+            self.wrong.append(
+                f"seed {self.seed}, {name}: call {number} has no result: {text}\n  its log: {session.events}"
+            )
             return
+        session.served_by = instance
+        self.said["moved"] += moved
+        (self.moved_s if moved else self.stayed_s).append(took)
         self.said["restored"] += bool(result.get("session_restored"))
         self.said["lost"] += bool(result.get("session_lost"))
         if (problem := session.check(number, result)) is not None:
@@ -207,73 +254,103 @@ def kill_sandboxes(server: int) -> int:
     return killed
 
 
-async def drive(run: Run, *, instances: int) -> None:
+async def drive(run: Run, how: str) -> None:
     rng = random.Random(run.seed)
     names = list(run.sessions)
-    serving = [await run.start() for _ in range(instances)]
+    serving = run.serving
+    serving.extend([await run.start() for _ in range(1 if how == "one" else 2)])
     at = 0
     deadline = time.monotonic() + TIME_LIMIT
     try:
         for _ in range(ROUNDS):
             if time.monotonic() > deadline:
                 break
-            instance = serving[at]
             fault, moment = rng.choice(FAULTS), rng.choice(MOMENTS)
-            url = f"http://127.0.0.1:{instance.port}/mcp"
             for _ in range(CALLS_PER_ROUND):
-                await run.call(url, rng.choice(names))
+                # At random, each call may reach the other instance, which asks the holder for the session.
+                instance = rng.choice(serving) if how == "random" else serving[at]
+                await run.call(instance, rng.choice(names))
+            if how == "random":
+                at = rng.randrange(len(serving))
             if moment == "hibernation":
                 # The fault lands during a call (which hibernates another session to make room
                 # when its own is not live).
                 async with anyio.create_task_group() as group:
-                    group.start_soon(run.call, url, names[rng.randrange(len(names))])
+                    group.start_soon(run.call, serving[at], names[rng.randrange(len(names))])
                     await anyio.sleep(rng.uniform(0.0, 0.08))
-                    await hit(run, serving, at, fault)
+                    await hit(run, at, fault)
             else:
                 delay = rng.uniform(2.0, 2.3) if moment == "checkpoint" else float(moment)
                 await anyio.sleep(delay)
-                await hit(run, serving, at, fault)
-            if fault != "sandboxes" and instances > 1:
-                # The load moves to the other instance, which started after it last served (a live
-                # instance keeps its sessions' leases: calls sent elsewhere would wait them out).
+                await hit(run, at, fault)
+            if fault != "sandboxes" and how == "turns":
+                # The load moves to the other instance, which started after it last served.
                 at = 1 - at
     finally:
         for instance in serving:
             await stop_process(instance.process, grace=20)
 
 
-async def hit(run: Run, serving: list[Instance], at: int, fault: str) -> None:
+async def hit(run: Run, at: int, fault: str) -> None:
     run.said["faults"] += 1
-    instance = serving[at]
+    instance = run.serving[at]
     if fault == "sandboxes":
         kill_sandboxes(instance.process.pid)
         return
     how = signal.SIGKILL if fault == "sigkill" else signal.SIGTERM
     await stop_process(instance.process, how, grace=20)
-    serving[at] = await run.start()
+    run.serving[at] = await run.start()
+
+
+@asynccontextmanager
+async def state_store(kind: str, tmp_path: Path) -> AsyncIterator[dict[str, str]]:
+    """The instances' environment naming the store: a folder, or a real redis-server of the test's own."""
+    if kind == "folder":
+        yield {"MCP_SANDBOX_STATE_DIR": str(tmp_path / "state")}
+        return
+    async with redis_server(tmp_path / "redis") as url:
+        yield {"MCP_SANDBOX_STATE_URL": url}
+
+
+def seconds(took: list[float]) -> str:
+    return f"median {statistics.median(took):.3f} s, max {max(took):.3f} s" if took else "none"
 
 
 async def oracle(backend: str, seed: int, tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
     names = [f"s{i}" for i in range(SESSIONS)]
-    run = Run(backend, seed, tmp_path / "state", logs, {name: SessionModel(name) for name in names})
-    await drive(run, instances=1 + seed % 2)
-    print(f"{backend} seed {seed}: {run.said}")
-    assert not run.wrong, f"{run.wrong[:3]}\n(server logs: {logs})"
+    what, started = run_id(backend, seed), time.monotonic()
+    async with state_store(store(seed), tmp_path) as state:
+        run = Run(backend, seed, state, logs, {name: SessionModel(name) for name in names})
+        await drive(run, topology(seed))
+    print(
+        f"{what}: {run.said} in {time.monotonic() - started:.0f} s; moved calls {seconds(run.moved_s)}, "
+        f"others {seconds(run.stayed_s)}"
+    )
+    assert not run.said["refused"], (
+        f"{what}: {run.said['refused']} calls refused as held elsewhere: {run.wrong[:3]}"
+    )
+    assert not run.wrong, f"{what}: {run.wrong[:3]}\n(server logs: {logs})"
     assert run.said["calls"] >= ROUNDS * CALLS_PER_ROUND // 2, run.said
     assert run.said["restored"] + run.said["lost"] > 0, (
         "no fault was ever reported: the faults tested nothing"
     )
+    if topology(seed) == "random":
+        assert run.said["moved"] >= CALLS_PER_ROUND, (
+            f"{what}: too few calls moved to test handover: {run.said}"
+        )
 
 
-@pytest.mark.parametrize("seed", SEEDS, ids=[f"seed-{seed}" for seed in SEEDS])
-@pytest.mark.parametrize("backend", ["pyodide", "subprocess"])
+ALL = [(backend, seed) for backend in ("pyodide", "subprocess") for seed in SEEDS]
+
+
+@pytest.mark.parametrize(("backend", "seed"), ALL, ids=[run_id(*run) for run in ALL])
 async def test_the_oracle(backend: str, seed: int, tmp_path: Path) -> None:
     await oracle(backend, seed, tmp_path)
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize(("backend", "seed"), QUICK)
+@pytest.mark.parametrize(("backend", "seed"), QUICK, ids=[run_id(*run) for run in QUICK])
 async def test_the_oracle_quickly(backend: str, seed: int, tmp_path: Path) -> None:
     await oracle(backend, seed, tmp_path)

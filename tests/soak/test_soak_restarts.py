@@ -1,8 +1,8 @@
-"""Soak with restarts: sessions under load on two instances sharing a state folder, while the
-instance serving them is killed (SIGKILL) or stopped (SIGTERM) and started again, and the load
-moves to the other one. Every session's counter survives, or its result says exactly why not:
-`session_restored` with the call its state is from. Bounded in rounds and in time; run on its
-own: `pytest -m soak`."""
+"""Soak with restarts: sessions under load on two instances sharing a state folder (or a real
+redis-server), while the instance serving them is killed (SIGKILL) or stopped (SIGTERM) and
+started again, and the load moves to the other one. Every session's counter survives, or its
+result says exactly why not: `session_restored` with the call its state is from. Bounded in
+rounds and in time; run on its own: `pytest -m soak`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.helpers import free_port, server_env, stop_process, wait_for_port
+from tests.helpers import free_port, redis_server, server_env, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.soak]
 
@@ -111,11 +111,23 @@ async def calls(client: Client, queue: list[str], tally: Tally) -> None:
             group.start_soon(worker)
 
 
-@pytest.mark.parametrize("backend", ["pyodide", "subprocess"])
-async def test_sessions_survive_restarts_and_moves(backend: str, tmp_path: Path) -> None:
+#: Each backend on a folder, and the quicker one on Redis too (the store does not depend on the backend).
+RUNS = [("pyodide", "folder"), ("subprocess", "folder"), ("subprocess", "redis")]
+
+
+@pytest.mark.parametrize(("backend", "store"), RUNS, ids=[f"{backend}-{store}" for backend, store in RUNS])
+async def test_sessions_survive_restarts_and_moves(backend: str, store: str, tmp_path: Path) -> None:
+    if store == "folder":
+        await soak(backend, {"MCP_SANDBOX_STATE_DIR": str(tmp_path / "state")})
+    else:
+        async with redis_server(tmp_path / "redis") as url:
+            await soak(backend, {"MCP_SANDBOX_STATE_URL": url})
+
+
+async def soak(backend: str, state: dict[str, str]) -> None:
     env = {
         "MCP_SANDBOX_BACKEND": backend,
-        "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"),
+        **state,
         "MCP_SANDBOX_STATELESS_HTTP": "true",
         "MCP_SANDBOX_LEASE_SECONDS": str(LEASE_S),
         "MCP_SANDBOX_LOG_LEVEL": "ERROR",
@@ -145,7 +157,7 @@ async def test_sessions_survive_restarts_and_moves(backend: str, tmp_path: Path)
     finally:
         for instance in instances:
             await stop(instance, "sigterm")
-    print(f"{backend}: {tally.said}")
+    print(f"{backend} on {', '.join(state)}: {tally.said}")
     assert not tally.wrong, tally.wrong[:5]
     assert tally.said["calls"] >= 100, tally.said
     assert tally.said["restored"] > 0, "no session was ever restored: the faults tested nothing"
