@@ -309,6 +309,20 @@ class Checkpoints:
         if await self._hibernate(session, wait_for_call=True):
             self._metrics.handovers.inc()
             logger.info("session %r handed over to the instance that asked for it", session.session_id)
+            return
+        async with session.lock:
+            executor = session.executor
+            if executor is None or executor.alive or not self._open(session):
+                return
+            # Its sandbox died before a checkpoint took what ran since: the store's checkpoint is all
+            # there is, and the asker restores it and says what was lost, as this instance would.
+            session.to(SessionState.LOST)
+            await executor.close()
+            await self._leases.release(session)
+        self._metrics.handovers.inc()
+        logger.info(
+            "session %r, its sandbox dead, handed over to the instance that asked for it", session.session_id
+        )
 
     async def _hibernate(
         self, session: Session, *, wait_for_checkpoint: bool = False, wait_for_call: bool = False

@@ -27,6 +27,7 @@ from tests.helpers import (
     call,
     free_port,
     http_server,
+    process_tree,
     redis_server,
     state_file,
     state_name,
@@ -282,3 +283,28 @@ async def test_a_call_for_a_session_another_instance_holds_is_handed_over(
         with anyio.fail_after(10):
             moved = await call(b, "x", session_id="busy")
         assert moved["result"] == "43", moved
+
+
+async def test_a_session_whose_sandbox_died_before_its_checkpoint_is_handed_over_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """The holder cannot checkpoint a dead sandbox: it lets the session go as lost, and the asker
+    serves the call saying so, rather than both waiting out the lease and refusing the call."""
+    env = {
+        "MCP_SANDBOX_BACKEND": "subprocess",
+        "MCP_SANDBOX_LEASE_SECONDS": str(LEASE_S),
+        "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"),
+    }
+    async with AsyncExitStack() as stack:
+        first, first_process = await stack.enter_async_context(http_server(**env))
+        second, _ = await stack.enter_async_context(http_server(**env))
+        a = await stack.enter_async_context(Client(f"http://127.0.0.1:{first}/mcp"))
+        b = await stack.enter_async_context(Client(f"http://127.0.0.1:{second}/mcp"))
+        assert (await call(a, "x = 41", session_id="dies"))["success"]
+        # Killed well inside the 2 s before its checkpoint, as the OOM killer might.
+        sandboxes = [pid for pid in process_tree(first_process.pid) if pid != first_process.pid]
+        for pid in sandboxes:
+            os.kill(pid, signal.SIGKILL)
+        moved = await call(b, "x = 1", session_id="dies")
+        assert moved["success"] and moved["session_lost"] is True, moved
+        assert await handovers(first) == 1
