@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from typing import Any
 import anyio
 import httpx
 import jwt
-from common import save
+from common import free_port, save, wait_for_port
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -149,12 +148,6 @@ async def verifier_costs(folder: Path, checks: int) -> dict[str, float]:
         served.close()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def call_latency(env: dict[str, str], bearer: str | None, calls: int) -> list[float]:
     """Warm `1 + 1` calls over streamable HTTP to a server started with `env`, in ms."""
     port = free_port()
@@ -170,13 +163,7 @@ async def call_latency(env: dict[str, str], bearer: str | None, calls: int) -> l
         stdout=subprocess.DEVNULL,
     )
     try:
-        with anyio.fail_after(SERVER_START_LIMIT_S):
-            while True:
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=1):
-                        break
-                except OSError:
-                    await anyio.sleep(0.1)
+        await wait_for_port(port, SERVER_START_LIMIT_S)
         headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
         samples = []
         with anyio.fail_after(CALL_PHASE_LIMIT_S):

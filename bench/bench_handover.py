@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -24,16 +23,11 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
+from common import free_port, wait_for_port
 from mcp import Client
 
 SERVER_START_LIMIT_S = 60.0
 CALL_LIMIT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @asynccontextmanager
@@ -44,13 +38,7 @@ async def server(env: dict[str, str]) -> AsyncIterator[int]:
         env={**os.environ, "MCP_SANDBOX_BACKEND": "subprocess", "MCP_SANDBOX_LOG_LEVEL": "WARNING", **env},
     )
     try:
-        with anyio.fail_after(SERVER_START_LIMIT_S):
-            while True:
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=1):
-                        break
-                except OSError:
-                    await anyio.sleep(0.1)
+        await wait_for_port(port, SERVER_START_LIMIT_S)
         yield port
     finally:
         process.terminate()

@@ -19,7 +19,6 @@ import argparse
 import datetime
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import anyio
 import redis.asyncio
-from common import children, save
+from common import children, free_port, save, wait_for_port
 from mcp import Client
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "scale.json"
@@ -39,12 +38,6 @@ STREAMS = 8
 LIVE = 8
 START_LIMIT_S = 60.0
 RUN_LIMIT_S = 1800.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def rss_kb(pid: int) -> int:
@@ -65,16 +58,6 @@ def tree(pid: int) -> list[int]:
         found.append(current)
         todo.extend(tree_of.get(current, []))
     return found
-
-
-async def wait_for(port: int) -> None:
-    with anyio.fail_after(START_LIMIT_S):
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    return
-            except OSError:
-                await anyio.sleep(0.1)
 
 
 @asynccontextmanager
@@ -117,8 +100,8 @@ async def main() -> None:
             process(redis_command) as redis_pid,
             process([*server_command, "--port", str(port)], env) as server_pid,
         ):
-            await wait_for(redis_port)
-            await wait_for(port)
+            await wait_for_port(redis_port, START_LIMIT_S)
+            await wait_for_port(port, START_LIMIT_S)
 
             async def sample(stop: anyio.Event) -> None:
                 while not stop.is_set():

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 
 def children() -> dict[int, list[int]]:
@@ -28,3 +31,23 @@ def save(results: dict[str, Any], path: Path, table: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(f"\nwrote {path}")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def wait_for_port(port: int, limit: float = 60.0) -> None:
+    """Once something accepts connections on 127.0.0.1:`port` (at most `limit` seconds)."""
+    with anyio.fail_after(limit):
+        while True:
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                await anyio.sleep(0.1)
+            else:
+                await stream.aclose()
+                return

@@ -237,34 +237,8 @@ async def as_caller(port: int, token: str, **options: Any) -> AsyncIterator[Clie
 async def redis_server(folder: Path) -> AsyncIterator[str]:
     """A redis-server of its own on 127.0.0.1 (persistence off, its files in `folder`) answering
     PING: its URL. Skips the test, saying why, where redis-server is not installed."""
-    import redis.asyncio  # only the tests that start a Redis need the client
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (.ci/run installs Debian's redis-server)")
-    folder.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    command = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
-    command += ["--dir", str(folder)]
-    process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
-        try:
-            with anyio.fail_after(10):
-                while True:
-                    if process.returncode is not None:
-                        raise RuntimeError(f"redis-server exited with {process.returncode}")
-                    try:
-                        if await client.ping():
-                            break
-                    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                        await anyio.sleep(0.05)
-        finally:
-            await client.aclose()
-        yield url
-    finally:
-        await stop_process(process)
+    async with restartable_redis(folder) as server:
+        yield server.url
 
 
 class RestartableRedis:
