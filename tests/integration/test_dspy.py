@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import http.server
@@ -51,6 +52,25 @@ def wait_until_gone(pids: set[int], limit: float = 10) -> set[int]:
     while (left := pids & children()) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
+
+
+def wait_for_the_checkpoint_of_the_last_call(state: Path, limit: float = 30) -> None:
+    """Until the one session's checkpoint (taken in idle time) is of its latest call: an execute is
+    several runs, and on a loaded machine one may be checkpointed before the next. The record names
+    the first call after each checkpoint, so a checkpoint older than the last call is behind it."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        states, records = (
+            list((state / "sessions").glob("*.state")),
+            list((state / "records").glob("*.record")),
+        )
+        if len(states) == 1 and len(records) == 1:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                header = json.loads(states[0].read_bytes()[:65536].split(b"\n")[1])
+                if header["call"] >= json.loads(records[0].read_bytes())["call"]:
+                    return
+        time.sleep(0.1)
+    raise AssertionError(f"no checkpoint of the session's latest call within {limit} s")
 
 
 def kill_every_sandbox_since(before: set[int]) -> None:
@@ -354,9 +374,7 @@ def test_a_session_rolled_back_to_an_earlier_checkpoint_is_a_terminal_interprete
     state = tmp_path / "state"
     with SandboxInterpreter(backend="subprocess", state_dir=state) as interpreter:
         interpreter.execute("state = 1")
-        deadline = time.monotonic() + 30
-        while not list((state / "sessions").glob("*.state")) and time.monotonic() < deadline:
-            time.sleep(0.1)  # its checkpoint, taken in idle time
+        wait_for_the_checkpoint_of_the_last_call(state)
         interpreter.execute("state = 2")  # killed before this call's checkpoint
         kill_every_sandbox_since(before)
         with pytest.raises(CodeInterpreterError, match="restored from an earlier checkpoint"):
@@ -480,9 +498,7 @@ def test_a_session_restored_from_its_last_checkpoint_keeps_its_tools_and_submit(
     options: dict[str, Any] = {"backend": backend, "state_dir": state, "output_fields": [{"name": "answer"}]}
     with SandboxInterpreter(tools={"double": lambda n: 2 * n}, **options) as interpreter:
         interpreter.execute("state = double(21)")
-        deadline = time.monotonic() + 30
-        while not list((state / "sessions").glob("*.state")) and time.monotonic() < deadline:
-            time.sleep(0.1)  # its checkpoint, taken in idle time after the last call
+        wait_for_the_checkpoint_of_the_last_call(state)
         kill_every_sandbox_since(before)
         # Nothing was lost, so the interpreter goes on in the new sandbox, with its tools and SUBMIT,
         # a variable too large to travel inside the program, and a tool given since (as RLM does).
