@@ -290,8 +290,8 @@ class Sessions:
     async def answer_asks(self) -> None:
         """Hand over the sessions other instances ask for, forever (run it in a task): a call that
         reaches another instance, after a routing change, costs a restore, not a wait and an error."""
-        if not self._leases.on:
-            return
+        if not self._leases.on or (self._settings.state_dir is None and self._settings.redis_url is None):
+            return  # a private folder of this server's own: no other instance can ask
         async with anyio.create_task_group() as handing_over:
             while True:
                 await anyio.sleep(ASKS_INTERVAL_S)
