@@ -3,8 +3,10 @@
 //
 // Every sandbox of one build reaches the same clean point from the same memory snapshot by the
 // same steps, so its WebAssembly memory there is the same, byte for byte apart from a few
-// timestamps. A checkpoint is therefore the memory pages that differ from the clean memory plus
-// the files the session made; restoring copies them over a clean sandbox. Native libraries loaded
+// timestamps. A checkpoint is therefore the memory words that differ from the clean memory (a
+// bitmap per changed page, then the words it marks) plus the files the session made; restoring
+// writes them over a clean sandbox. Words, not whole pages: a session's writes are scattered over
+// pages that are mostly left as they were, and whole pages made checkpoints several times larger. Native libraries loaded
 // since the clean point are loaded again the same way first (linker.ts). What lives only in
 // JavaScript cannot be carried: a checkpoint is refused while Python holds JavaScript objects or
 // a C callback (ctypes) changed the function table, and it says what else is lost (open files;
@@ -12,9 +14,10 @@
 import type { LinkerRecord } from "./linker.ts";
 import { type CleanState, tableLength, taint, taintsSoFar } from "./recycle.ts";
 
-const MAGIC = "MCPSCKP1";
+const MAGIC = "MCPSCKP2";
 const PAGE = 4096;
 const WORDS_PER_PAGE = PAGE / 4;
+const MASK_BYTES = WORDS_PER_PAGE / 8;
 //: Clean pages allowed to differ between the sandbox that took a checkpoint and the one that
 //: restores it (timestamps taken at start); more means the two did not start the same way.
 const MAX_CLEAN_DRIFT_PAGES = 64;
@@ -84,21 +87,56 @@ function fingerprint(clean: CleanState): Header["clean"] {
   };
 }
 
-// Pages of `heap` that differ from the clean memory (pages past it: those not all zero).
-function changedPages(heap: Uint8Array, cleanMemory: Uint8Array): number[] {
+// The words of `heap` that differ from the clean memory (past it: those not zero), by page: the
+// pages with any, a bitmap of them per page, and their values in order.
+function changedWords(
+  heap: Uint8Array,
+  cleanMemory: Uint8Array,
+): { pages: number[]; masks: Uint8Array; words: Int32Array } {
   const now = new Int32Array(heap.buffer, 0, heap.length / 4);
   const before = new Int32Array(cleanMemory.buffer, cleanMemory.byteOffset, cleanMemory.length / 4);
   const pages: number[] = [];
+  const masks: Uint8Array[] = [];
+  const words: Int32Array[] = [];
+  const mask = new Uint8Array(MASK_BYTES);
+  const values = new Int32Array(WORDS_PER_PAGE);
   for (let page = 0; page < heap.length / PAGE; page++) {
     const start = page * WORDS_PER_PAGE;
+    let count = 0;
     for (let i = start; i < start + WORDS_PER_PAGE; i++) {
-      if (now[i] !== (i < before.length ? before[i] : 0)) {
-        pages.push(page);
-        break;
-      }
+      if (now[i] === (i < before.length ? before[i] : 0)) continue;
+      if (count === 0) mask.fill(0);
+      mask[(i - start) >> 3] |= 1 << ((i - start) & 7);
+      values[count++] = now[i];
     }
+    if (count === 0) continue;
+    pages.push(page);
+    masks.push(mask.slice());
+    words.push(values.slice(0, count));
   }
-  return pages;
+  return {
+    pages,
+    masks: concat(masks),
+    words: new Int32Array(concat(words.map((w) => new Uint8Array(w.buffer))).buffer),
+  };
+}
+
+function concat(parts: Uint8Array[]): Uint8Array {
+  const all = new Uint8Array(parts.reduce((total, part) => total + part.length, 0));
+  let at = 0;
+  for (const part of parts) {
+    all.set(part, at);
+    at += part.length;
+  }
+  return all;
+}
+
+function bitsSet(masks: Uint8Array): number {
+  let count = 0;
+  for (let byte of masks) {
+    for (; byte; byte &= byte - 1) count++;
+  }
+  return count;
 }
 
 // Why Python's state cannot be carried to another sandbox now, or null.
@@ -205,7 +243,7 @@ export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): Ch
   const reason = whyNotPortable(clean, jsHolders);
   if (reason !== null) return { saved: false, reason };
   const heap = new Uint8Array(clean.module.HEAP8.buffer);
-  const pages = changedPages(heap, clean.memory);
+  const { pages, masks, words } = changedWords(heap, clean.memory);
   const { entries, contents, removed } = walkFiles(clean);
   const header: Header = {
     clean: fingerprint(clean),
@@ -222,7 +260,7 @@ export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): Ch
   const head = encoder.encode(JSON.stringify(header));
   const hashes = cleanHashes(clean);
   const fileBytes = contents.reduce((total, bytes) => total + bytes.length, 0);
-  const size = MAGIC.length + 4 + head.length + hashes.byteLength + pages.length * PAGE + fileBytes;
+  const size = MAGIC.length + 4 + head.length + hashes.byteLength + masks.length + words.byteLength + fileBytes;
   const blob = new Uint8Array(size);
   let at = 0;
   const put = (bytes: Uint8Array): void => {
@@ -234,7 +272,8 @@ export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): Ch
   at += 4;
   put(head);
   put(new Uint8Array(hashes.buffer));
-  for (const page of pages) put(heap.subarray(page * PAGE, (page + 1) * PAGE));
+  put(masks);
+  put(new Uint8Array(words.buffer));
   for (const bytes of contents) put(bytes);
   return { saved: true, blob, lost: whatIsLost(clean) };
 }
@@ -242,7 +281,7 @@ export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): Ch
 function parse(
   blob: Uint8Array,
   clean: CleanState,
-): { header: Header; hashes: Int32Array; pagesAt: number; filesAt: number } | string {
+): { header: Header; hashes: Int32Array; masks: Uint8Array; words: Int32Array; filesAt: number } | string {
   if (blob.length < MAGIC.length + 4 || decoder.decode(blob.subarray(0, MAGIC.length)) !== MAGIC) {
     return "it is not a checkpoint";
   }
@@ -282,11 +321,16 @@ function parse(
     }
   }
   if (!validLinker(header.linker, header.memory)) return "its native library list is invalid";
-  const filesAt = pagesAt + header.pages.length * PAGE;
+  const wordsAt = pagesAt + header.pages.length * MASK_BYTES;
+  if (wordsAt > blob.length) return "its length does not match its header";
+  const masks = blob.subarray(pagesAt, wordsAt);
+  const filesAt = wordsAt + bitsSet(masks) * 4;
   const fileBytes = header.files.reduce((total, entry) => total + entry.size, 0);
   if (filesAt + fileBytes !== blob.length) return "its length does not match its header";
   const hashes = new Int32Array(blob.slice(MAGIC.length + 4 + headLength, pagesAt).buffer);
-  return { header, hashes, pagesAt, filesAt };
+  // Copied: the words must be 4-byte aligned to be read as such.
+  const words = new Int32Array(blob.slice(wordsAt, filesAt).buffer);
+  return { header, hashes, masks, words, filesAt };
 }
 
 function validLinker(linker: LinkerRecord, memory: number): boolean {
@@ -310,7 +354,7 @@ function validLinker(linker: LinkerRecord, memory: number): boolean {
 export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string | null {
   const parsed = parse(blob, clean);
   if (typeof parsed === "string") return `the checkpoint cannot be restored: ${parsed}`;
-  const { header, hashes, pagesAt, filesAt } = parsed;
+  const { header, hashes, masks, words, filesAt } = parsed;
   const own = cleanHashes(clean);
   const stored = new Set(header.pages);
   let drift = 0;
@@ -341,7 +385,13 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
   const heap = new Uint8Array(module.HEAP8.buffer);
   heap.set(clean.memory);
   heap.fill(0, clean.memory.length);
-  header.pages.forEach((page, i) => heap.set(blob.subarray(pagesAt + i * PAGE, pagesAt + (i + 1) * PAGE), page * PAGE));
+  const heap32 = new Int32Array(module.HEAP8.buffer);
+  let next = 0;
+  header.pages.forEach((page, i) => {
+    for (let word = 0; word < WORDS_PER_PAGE; word++) {
+      if (masks[i * MASK_BYTES + (word >> 3)] & (1 << (word & 7))) heap32[page * WORDS_PER_PAGE + word] = words[next++];
+    }
+  });
   module.stackRestore(clean.stackPointer);
   // The memory's JS reference table may hand out slots up to the length it had: empty ones here.
   for (let i = tableLength(module, clean.table.length); i < header.table; i++) {
