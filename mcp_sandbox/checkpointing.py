@@ -105,6 +105,8 @@ class Checkpoints:
                 latest = max(latest, record.call)
                 if moved_from is None and record.owner != self._instance and state is SessionState.NEW:
                     moved_from = record.owner if record.call > 0 else None
+            elif state is SessionState.NEW and problem is None:
+                problem = await self._lost_with_store()
             if problem is None:
                 restored, problem = await self._restore(session, renewed)
             self._metrics.count_restore(restored is not None, problem)
@@ -113,6 +115,25 @@ class Checkpoints:
         elif state is SessionState.LOST and not self._settings.checkpoints:
             problem = "checkpoints are off (MCP_SANDBOX_CHECKPOINTS)"
         return account(state, latest, restored, problem, moved_from)
+
+    async def _lost_with_store(self) -> str | None:
+        """Why a session the store has no record of may be one that ran and is gone: the store
+        lost its data lately (None: it did not, or that is not known)."""
+        assert self._store is not None
+        try:
+            since = await self._store.lost_data_since()
+        except StoreError:
+            return (
+                None  # the record was just read: a store that stops answering now is said at the next write
+            )
+        if since is None:
+            return None
+        by = time.strftime("%H:%M:%S", time.localtime(since))
+        return (
+            f"the store of saved sessions lost its data by {by} "
+            "(Redis restarted without persistence, or was flushed): if this session ran before then, "
+            "its variables are gone"
+        )
 
     @tracing.traced("mcp_sandbox.restore")
     async def _restore(

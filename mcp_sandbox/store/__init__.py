@@ -61,6 +61,10 @@ async def open_store(settings: Settings) -> AsyncIterator[Store]:
             settings.state_key_prefix,
         )
         try:
+            try:
+                await redis_store.lost_data_since()  # learns the epoch, to know a loss of data later
+            except StoreError as error:
+                logger.warning("%s; its epoch is read at the first session", error)
             yield redis_store
         finally:
             await redis_store.aclose()

@@ -163,6 +163,13 @@ class Store(Protocol):
         left for an instance that stopped runs out on its own). Raises StoreError."""
         ...
 
+    async def lost_data_since(self) -> float | None:
+        """When the store was found to have lost its data (a Redis restarted without persistence,
+        or flushed), while sessions from before then may still be called (the session TTL); None
+        otherwise. A session it has no record of may then be one that ran before and is gone.
+        Raises StoreError (unreachable)."""
+        ...
+
     async def aclose(self) -> None:
         """Let go of what the store holds open (connections); its data stays."""
         ...

@@ -135,6 +135,9 @@ class DirectoryStore:
         except OSError as error:
             raise StoreError(f"the asks for this instance's sessions could not be read: {error}") from error
 
+    async def lost_data_since(self) -> float | None:
+        return None  # a folder keeps what it was given; one emptied by hand is not looked for
+
     async def aclose(self) -> None:
         return None
 

@@ -14,6 +14,11 @@ braces (so a session's keys share a Redis Cluster slot):
   names its former owner, and an owner whose lease ran out unnoticed keeps its token. It expires
   a margin after the data, never before it, and survives `delete`, so fences only grow.
 
+- `epoch`: a random id and the time it was set, kept without a TTL. An instance remembers the one
+  it first saw; finding it gone or another means Redis lost its data since (restarted without
+  persistence, flushed), which `lost_data_since` reports so a session first seen after that is
+  said to be lost, not taken for a new one.
+
 Every read-decide-write is one Lua script, so two instances never both take a lease and a fenced
 write never lands. Redis's own `maxmemory` bounds the whole (MCP_SANDBOX_MAX_STORE_MB does not
 apply here: docs/deploy.md).
@@ -22,6 +27,7 @@ apply here: docs/deploy.md).
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import secrets
 import time
@@ -183,6 +189,10 @@ class RedisStore:
         self._acquire = self._client.register_script(_ACQUIRE)
         self._renew = self._client.register_script(_RENEW)
         self._release = self._client.register_script(_RELEASE)
+        #: The epoch this instance knows (None: not read yet), and when the data was lost, if it was.
+        self._epoch: str | None = None
+        self._lost_at: float | None = None
+        self._session_ttl = session_ttl
 
     def key(self, session_id: str, kind: str) -> str:
         """The key of one of the session's three: data, lease or fence."""
@@ -374,6 +384,33 @@ class RedisStore:
             self._client.spop(self._asks_key(holder), ASKS_AT_ONCE),  # type: ignore[arg-type]
         )
         return [member.decode() for member in taken or []]
+
+    async def lost_data_since(self) -> float | None:
+        # A new epoch is written only when none is there; whoever writes it after knowing another says so.
+        key = f"{self.prefix}epoch"
+        raw = await self._ask("reading the store's epoch", self._client.get(key))
+        if raw is None:
+            mine = {"id": secrets.token_hex(8), "since": time.time(), "after_loss": self._epoch is not None}
+            await self._ask("writing the store's epoch", self._client.set(key, json.dumps(mine), nx=True))
+            raw = await self._ask("reading the store's epoch", self._client.get(key))
+        try:
+            epoch = json.loads(raw or b"")
+            found, since, after_loss = str(epoch["id"]), float(epoch["since"]), bool(epoch["after_loss"])
+        except (ValueError, KeyError, TypeError):
+            return self._lost_at  # not ours to judge: someone wrote the key; what was known stands
+        if found != self._epoch:
+            if self._epoch is not None or after_loss:
+                self._lost_at = since
+                logger.warning(
+                    "%s lost its data (restarted without persistence, or flushed) by %s: sessions "
+                    "that ran before then start fresh, said as session_lost (docs/deploy.md)",
+                    self.where,
+                    time.strftime("%H:%M:%S", time.localtime(since)),
+                )
+            self._epoch = found
+        if self._lost_at is not None and time.time() - self._lost_at > self._session_ttl:
+            self._lost_at = None  # every session from before then has expired
+        return self._lost_at
 
     def _asks_key(self, holder: str) -> str:
         return f"{self.prefix}asks:{holder}"

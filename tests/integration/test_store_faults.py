@@ -203,3 +203,76 @@ async def test_a_partition_keeps_two_instances_serving_their_own_sessions(
             # Each session's lease is its own instance's: a call for it on the other is handed over.
             moved = await call(b, "x", session_id="sa")
             assert moved["result"] == "7" and moved["session_restored"], moved
+
+
+async def test_a_store_knows_when_redis_lost_its_data(tmp_path: Path) -> None:
+    """The epoch: an instance that knew Redis before a restart without persistence finds its data
+    lost, and so does one started after; a restart with persistence (AOF) loses nothing."""
+
+    async def lost_since(store: RedisStore) -> float | None:
+        with anyio.fail_after(10):  # past its pooled connections' failure, and the pause after it
+            while True:
+                try:
+                    return await store.lost_data_since()
+                except StoreError:
+                    await anyio.sleep(0.2)
+
+    async with (
+        restartable_redis(tmp_path / "empty") as empty,
+        restartable_redis(tmp_path / "kept", appendonly=True) as kept,
+    ):
+        stores = {
+            server: RedisStore(server.url, max_session_bytes=2**20, session_ttl=600)
+            for server in (empty, kept)
+        }
+        later = RedisStore(empty.url, max_session_bytes=2**20, session_ttl=600)
+        try:
+            with anyio.fail_after(60):
+                for server, store in stores.items():
+                    assert await lost_since(store) is None
+                    await store.write_record("s", 1, "a")
+                    await server.stop()
+                    await server.start()
+                restarted = time.time()
+                lost = await lost_since(stores[empty])
+                assert lost is not None and abs(lost - restarted) < 10, (lost, restarted)
+                assert await stores[empty].read_record("s") is None
+                assert await lost_since(later) == lost  # an instance started after the loss hears of it
+                assert await lost_since(stores[kept]) is None
+                assert await stores[kept].read_record("s") is not None
+        finally:
+            for store in (*stores.values(), later):
+                await store.aclose()
+
+
+async def ready(port: int) -> None:
+    """Wait until the instance's /readyz answers 200: its store answers again."""
+    async with httpx.AsyncClient() as client:
+        with anyio.fail_after(SETTLE_S):
+            while (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code != 200:
+                await anyio.sleep(0.2)
+
+
+async def test_a_session_first_seen_after_redis_lost_its_data_is_said_lost(
+    redis_proc: RestartableRedis,
+) -> None:
+    """Redis restarted without persistence while instance A ran session s: instance B, which never
+    saw s, cannot tell it from a new session, and says it may be lost rather than start it fresh
+    without a word."""
+    url = redis_proc.url
+    with anyio.fail_after(180):
+        async with (
+            server(url) as (first, _),  # type: ignore[attr-defined]
+            server(url) as (second, _),  # type: ignore[attr-defined]
+            Client(f"http://127.0.0.1:{first}/mcp") as a,
+            Client(f"http://127.0.0.1:{second}/mcp") as b,
+        ):
+            assert (await call(a, "x = 1; x", session_id="s"))["result"] == "1"
+            await checkpointed(url, "s", 1)
+            await redis_proc.stop()
+            await redis_proc.start()
+            await ready(second)
+            moved = await call(b, "'x' in globals()", session_id="s")
+            assert moved["result"] == "False", moved
+            assert moved["session_lost"] and not moved["session_restored"], moved
+            assert any("lost its data" in note for note in moved["notes"]), moved
