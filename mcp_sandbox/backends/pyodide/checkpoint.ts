@@ -87,48 +87,50 @@ function fingerprint(clean: CleanState): Header["clean"] {
   };
 }
 
-// The words of `heap` that differ from the clean memory (past it: those not zero), by page: the
-// pages with any, a bitmap of them per page, and their values in order.
+// Pages of `heap` that differ from the clean memory (pages past it: those not all zero).
+function changedPages(now: Int32Array, before: Int32Array): number[] {
+  const pages: number[] = [];
+  for (let page = 0; page < now.length / WORDS_PER_PAGE; page++) {
+    const start = page * WORDS_PER_PAGE;
+    for (let i = start; i < start + WORDS_PER_PAGE; i++) {
+      if (now[i] !== (i < before.length ? before[i] : 0)) {
+        pages.push(page);
+        break;
+      }
+    }
+  }
+  return pages;
+}
+
+// The words of `heap` that differ from the clean memory, by page: the pages with any, a bitmap
+// of them per page, and their values in order. Pages are found first: most are unchanged, and
+// a page's first difference ends its scan there.
 function changedWords(
   heap: Uint8Array,
   cleanMemory: Uint8Array,
 ): { pages: number[]; masks: Uint8Array; words: Int32Array } {
   const now = new Int32Array(heap.buffer, 0, heap.length / 4);
   const before = new Int32Array(cleanMemory.buffer, cleanMemory.byteOffset, cleanMemory.length / 4);
-  const pages: number[] = [];
-  const masks: Uint8Array[] = [];
-  const words: Int32Array[] = [];
-  const mask = new Uint8Array(MASK_BYTES);
-  const values = new Int32Array(WORDS_PER_PAGE);
-  for (let page = 0; page < heap.length / PAGE; page++) {
-    const start = page * WORDS_PER_PAGE;
-    let count = 0;
-    for (let i = start; i < start + WORDS_PER_PAGE; i++) {
-      if (now[i] === (i < before.length ? before[i] : 0)) continue;
-      if (count === 0) mask.fill(0);
-      mask[(i - start) >> 3] |= 1 << ((i - start) & 7);
-      values[count++] = now[i];
+  const pages = changedPages(now, before);
+  const masks = new Uint8Array(pages.length * MASK_BYTES);
+  const words = new Int32Array(pages.length * WORDS_PER_PAGE);
+  let count = 0;
+  for (let p = 0; p < pages.length; p++) {
+    const start = pages[p] * WORDS_PER_PAGE;
+    const past = start >= before.length;
+    for (let byte = 0; byte < MASK_BYTES; byte++) {
+      let bits = 0;
+      for (let bit = 0; bit < 8; bit++) {
+        const i = start + byte * 8 + bit;
+        if (now[i] !== (past ? 0 : before[i])) {
+          bits |= 1 << bit;
+          words[count++] = now[i];
+        }
+      }
+      masks[p * MASK_BYTES + byte] = bits;
     }
-    if (count === 0) continue;
-    pages.push(page);
-    masks.push(mask.slice());
-    words.push(values.slice(0, count));
   }
-  return {
-    pages,
-    masks: concat(masks),
-    words: new Int32Array(concat(words.map((w) => new Uint8Array(w.buffer))).buffer),
-  };
-}
-
-function concat(parts: Uint8Array[]): Uint8Array {
-  const all = new Uint8Array(parts.reduce((total, part) => total + part.length, 0));
-  let at = 0;
-  for (const part of parts) {
-    all.set(part, at);
-    at += part.length;
-  }
-  return all;
+  return { pages, masks, words: words.slice(0, count) };
 }
 
 function bitsSet(masks: Uint8Array): number {
@@ -387,9 +389,12 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
   heap.fill(0, clean.memory.length);
   const heap32 = new Int32Array(module.HEAP8.buffer);
   let next = 0;
-  header.pages.forEach((page, i) => {
-    for (let word = 0; word < WORDS_PER_PAGE; word++) {
-      if (masks[i * MASK_BYTES + (word >> 3)] & (1 << (word & 7))) heap32[page * WORDS_PER_PAGE + word] = words[next++];
+  header.pages.forEach((page, p) => {
+    for (let byte = 0; byte < MASK_BYTES; byte++) {
+      const bits = masks[p * MASK_BYTES + byte];
+      if (bits === 0) continue;
+      const at = page * WORDS_PER_PAGE + byte * 8;
+      for (let bit = 0; bit < 8; bit++) if (bits & (1 << bit)) heap32[at + bit] = words[next++];
     }
   });
   module.stackRestore(clean.stackPointer);
