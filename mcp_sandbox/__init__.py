@@ -7,6 +7,7 @@ from mcp_sandbox.errors import (
     Refused,
     SessionElsewhere,
     SessionLimitReached,
+    StoreUnavailable,
 )
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
@@ -23,5 +24,6 @@ __all__ = [
     "SessionElsewhere",
     "SessionLimitReached",
     "Settings",
+    "StoreUnavailable",
     "__version__",
 ]

@@ -105,10 +105,10 @@ class Checkpoints:
                 latest = max(latest, record.call)
                 if moved_from is None and record.owner != self._instance and state is SessionState.NEW:
                     moved_from = record.owner if record.call > 0 else None
-            elif state is SessionState.NEW and problem is None:
-                problem = await self._lost_with_store()
             if problem is None:
                 restored, problem = await self._restore(session, renewed)
+            if record is None and restored is None and problem is None and state is SessionState.NEW:
+                problem = await self._lost_with_store()
             self._metrics.count_restore(restored is not None, problem)
         elif state is SessionState.LOST and self._backend is not None and not self._backend.saves_sessions:
             problem = f"the {self._backend.name} backend keeps no checkpoints"

@@ -31,6 +31,11 @@ class SessionElsewhere(Refused):
     """Another instance sharing the state store runs the session, and kept it past the wait."""
 
 
+class StoreUnavailable(Refused):
+    """The state store did not answer, and the session is not live on this instance: taking it up
+    without its lease could run it on two instances at once."""
+
+
 __all__ = [
     "InvalidRequest",
     "PoolUnavailable",
@@ -38,4 +43,5 @@ __all__ = [
     "Refused",
     "SessionElsewhere",
     "SessionLimitReached",
+    "StoreUnavailable",
 ]

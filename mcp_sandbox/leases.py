@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping
 
 import anyio
 
-from mcp_sandbox.errors import SessionElsewhere
+from mcp_sandbox.errors import SessionElsewhere, StoreUnavailable
 from mcp_sandbox.lifecycle import Saved, Session, SessionState
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.store import Lease, LeaseHeld, LeaseTaken, Store, StoreError
@@ -21,8 +22,20 @@ logger = logging.getLogger(__name__)
 #: the first seconds: a handover takes a checkpoint's time, well under a second when idle.
 HANDOVER_POLL_S = 0.1
 HANDOVER_WAIT_S = 3.0
+#: A call waits at least this long for a handover, however short the lease: a holder under load
+#: takes seconds to checkpoint. An ask not answered within ASK_AGAIN_S is made again (a Redis
+#: restarted without its data forgot it).
+HANDOVER_MIN_WAIT_S = 10.0
+ASK_AGAIN_S = 1.0
 #: How often an instance looks for asks to hand its sessions over.
 ASKS_INTERVAL_S = 0.25
+#: How long a call for a session not live here waits for an unreachable store (a Redis restarting)
+#: before it is refused, and how often it looks.
+STORE_WAIT_S = 10.0
+STORE_POLL_S = 0.25
+#: After the store lost its data, how long past a third of a lease a session not live here waits
+#: for its holder to take its lease again: a holder that found Redis gone looks again within 2 s.
+RETAKE_MARGIN_S = 3.0
 
 
 class Leases:
@@ -37,8 +50,13 @@ class Leases:
         instance: str,
         sessions: Mapping[str, Session],
         ready_pool: ReadyPool,
+        *,
+        renew_each_call: bool = False,
     ) -> None:
         self._store = store
+        #: A store that can lose a lease before its holder hears of it (Redis restarted without its
+        #: data): each call renews its lease first, so no other instance took the session up meanwhile.
+        self._renew_each_call = renew_each_call
         self._seconds = seconds
         self._instance = instance
         self._sessions = sessions
@@ -47,6 +65,10 @@ class Leases:
         #: checkpoint went with it, so one is taken (Checkpoints.when_idle).
         self.on_retaken: Callable[[Session], None] | None = None
         self._asks_failing = False
+        #: Sessions whose lease another instance took while a call ran here: their sandbox holds a
+        #: state the other may have moved past, given back before they run again. (The store's
+        #: record cannot always say so: a Redis restarted without its data forgets it.)
+        self._taken: weakref.WeakSet[Session] = weakref.WeakSet()
 
     @property
     def on(self) -> bool:
@@ -56,12 +78,20 @@ class Leases:
         """Make sure this instance holds the session's lease (its lock held), waiting up to
         MCP_SANDBOX_LEASE_SECONDS for another instance's to run out. A sandbox kept from before
         another instance ran the session is given back: its state is older than the store's.
-        Raises SessionElsewhere."""
+        A session live here runs on while the store cannot be reached; one that is not waits
+        for the store up to STORE_WAIT_S. Raises SessionElsewhere and StoreUnavailable."""
         if self._store is None:
             return
         store, seconds = self._store, self._seconds
         held = session.lease
-        if held is not None and held.expires - time.time() > seconds / 2:
+        taken = session in self._taken
+        self._taken.discard(session)
+        if (
+            held is not None
+            and not taken
+            and not self._renew_each_call
+            and held.expires - time.time() > seconds / 2
+        ):
             return  # renewed in the background; nobody can have taken it
         if held is not None:
             # Renewed rather than acquired, so a lease that ran out while the store could not be
@@ -70,7 +100,7 @@ class Leases:
             try:
                 renewed = await store.renew_lease(held, seconds)
             except LeaseTaken:
-                pass  # another instance ran it: acquired below, and the sandbox given back
+                taken = True  # another instance ran it: acquired below, and the sandbox given back
             except StoreError as error:
                 logger.warning("session %r runs on without renewing its lease: %s", session.session_id, error)
                 return
@@ -79,17 +109,19 @@ class Leases:
                 if renewed.retaken:
                     self._retaken(session)
                 return
+        if session.executor is None:
+            await self._let_holders_retake(store, seconds)
         started = time.monotonic()
-        deadline, asked = started + seconds + 1, False
+        deadline, asked_at = started + max(seconds, HANDOVER_MIN_WAIT_S) + 1, -ASK_AGAIN_S
         while True:
             try:
                 lease = await store.acquire_lease(session.session_id, self._instance, seconds)
                 break
             except LeaseHeld as error:
-                if not asked:
+                if time.monotonic() - asked_at >= ASK_AGAIN_S:
                     # The holder checkpoints the session and lets go once its running call, if any, ends.
                     await store.ask_for(session.session_id, error.owner, self._instance)
-                    asked = True
+                    asked_at = time.monotonic()
                 if time.monotonic() >= deadline:
                     raise SessionElsewhere(
                         f"session {session.session_id!r} is running on another instance of this server "
@@ -100,16 +132,38 @@ class Leases:
                 soon = time.monotonic() - started < HANDOVER_WAIT_S
                 await anyio.sleep(HANDOVER_POLL_S if soon else min(1.0, seconds / 10))
             except StoreError as error:
-                # Its lease, if it had one, is kept: renewed once the store answers again.
-                logger.warning("session %r runs without a lease: %s", session.session_id, error)
-                return
+                if session.executor is not None:
+                    # Live here: its sandbox holds its latest state, and its lease (if it had one)
+                    # is renewed once the store answers again.
+                    logger.warning("session %r runs on without a lease: %s", session.session_id, error)
+                    return
+                # Not live here: another instance may run it, which only its lease would say.
+                if time.monotonic() - started >= STORE_WAIT_S:
+                    raise StoreUnavailable(
+                        f"session {session.session_id!r} is not running on this instance, and the store "
+                        f"of saved sessions cannot be reached to take it up ({error}); retry shortly"
+                    ) from None
+                await anyio.sleep(STORE_POLL_S)
         session.lease = lease
         if lease.taken_from is not None:
             session.moved_from = lease.taken_from
         taken_meanwhile = held is None or lease.token != held.token
-        if taken_meanwhile and session.executor is not None and await self._ran_elsewhere(session, lease):
+        if session.executor is not None and (
+            taken or (taken_meanwhile and await self._ran_elsewhere(session, lease))
+        ):
             # Another instance may have run it since: the store's state is the one to go on from.
             await self._give_back(session)
+
+    async def _let_holders_retake(self, store: Store, seconds: float) -> None:
+        """After the store lost its data (Redis restarted without it), the instances running
+        sessions take their leases again at their next renewal, within a third of a lease: a
+        session not live here is taken up only after that, so it is asked for, not run fresh."""
+        try:
+            since = await store.lost_data_since()
+        except StoreError:
+            return  # the lease's acquisition says what to do
+        if since is not None and (wait := since + seconds / 3 + RETAKE_MARGIN_S - time.time()) > 0:
+            await anyio.sleep(wait)
 
     async def _ran_elsewhere(self, session: Session, lease: Lease) -> bool:
         """Whether another instance may have run the session since this one's sandbox took it up,
@@ -193,8 +247,11 @@ class Leases:
                     logger.warning("session %r was taken over by another instance", session.session_id)
                     if session.lease is lease:
                         session.lease = None
-                    if not session.lock.locked() and session.executor is not None:
-                        await self._give_back(session)
+                    if session.executor is not None:
+                        if session.lock.locked():
+                            self._taken.add(session)  # a call runs in it: given back at the next
+                        else:
+                            await self._give_back(session)
                 except StoreError as error:
                     logger.warning("session %r: %s", session.session_id, error)
                 else:

@@ -99,7 +99,14 @@ class Sessions:
         self._pool = pool
         # Without checkpoints no other instance could take a session up: nothing to lease.
         leased = self._store if checkpoints_on(self._settings, self._store, backend) else None
-        leases = Leases(leased, self._settings.lease_seconds, self.instance, self._sessions, pool)
+        leases = Leases(
+            leased,
+            self._settings.lease_seconds,
+            self.instance,
+            self._sessions,
+            pool,
+            renew_each_call=self._settings.redis_url is not None,
+        )
         checkpoints = Checkpoints(
             self._settings,
             self._store,

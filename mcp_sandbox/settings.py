@@ -119,7 +119,7 @@ class Settings(BaseSettings):
         le=3600,
         description="Instances sharing state_dir: how long one's claim on a session lasts unless renewed "
         "(every third of it). A call for a session another instance holds asks it to hand the session "
-        "over, and waits at most this long; a dead instance's sessions move within it.",
+        "over, and waits at most this long (at least 10 s); a dead instance's sessions move within it.",
     )
     stateless_http: bool = Field(
         False,

@@ -256,19 +256,21 @@ async def ready(port: int) -> None:
 async def test_a_session_first_seen_after_redis_lost_its_data_is_said_lost(
     redis_proc: RestartableRedis,
 ) -> None:
-    """Redis restarted without persistence while instance A ran session s: instance B, which never
-    saw s, cannot tell it from a new session, and says it may be lost rather than start it fresh
-    without a word."""
+    """Session s ran on instance A, which was killed; then Redis restarted without persistence.
+    Instance B, which never saw s, cannot tell it from a new session, and says it may be lost
+    rather than start it fresh without a word."""
     url = redis_proc.url
     with anyio.fail_after(180):
         async with (
-            server(url) as (first, _),  # type: ignore[attr-defined]
+            server(url) as (first, first_process),  # type: ignore[attr-defined]
             server(url) as (second, _),  # type: ignore[attr-defined]
-            Client(f"http://127.0.0.1:{first}/mcp") as a,
             Client(f"http://127.0.0.1:{second}/mcp") as b,
         ):
-            assert (await call(a, "x = 1; x", session_id="s"))["result"] == "1"
+            async with Client(f"http://127.0.0.1:{first}/mcp") as a:
+                assert (await call(a, "x = 1; x", session_id="s"))["result"] == "1"
             await checkpointed(url, "s", 1)
+            first_process.kill()
+            await first_process.wait()
             await redis_proc.stop()
             await redis_proc.start()
             await ready(second)
@@ -276,3 +278,28 @@ async def test_a_session_first_seen_after_redis_lost_its_data_is_said_lost(
             assert moved["result"] == "False", moved
             assert moved["session_lost"] and not moved["session_restored"], moved
             assert any("lost its data" in note for note in moved["notes"]), moved
+
+
+async def test_a_session_not_live_here_waits_for_the_store_and_is_refused_not_run_twice(
+    redis_proc: RestartableRedis,
+) -> None:
+    """Redis away: the instance running session s runs on; the other, for which s is not live,
+    does not take it up without its lease (two copies of s would answer in turn), and says why."""
+    url = redis_proc.url
+    with anyio.fail_after(120):
+        async with (
+            server(url) as (first, _),  # type: ignore[attr-defined]
+            server(url) as (second, _),  # type: ignore[attr-defined]
+            Client(f"http://127.0.0.1:{first}/mcp") as a,
+            Client(f"http://127.0.0.1:{second}/mcp") as b,
+        ):
+            assert (await call(a, "x = 1; x", session_id="s"))["result"] == "1"
+            await redis_proc.stop()
+            refused = await b.call_tool("execute_python", {"code": "x = 100; x", "session_id": "s"})
+            text = " ".join(getattr(part, "text", "") for part in refused.content)
+            assert refused.is_error and "cannot be reached to take it up" in text, text
+            await step(a, "s", 2)
+            await redis_proc.start()
+            await ready(second)
+            moved = await call(b, "x", session_id="s")
+            assert moved["result"] == "2" and moved["session_restored"], moved

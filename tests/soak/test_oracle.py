@@ -41,7 +41,15 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.helpers import free_port, process_tree, redis_server, server_env, stop_process, wait_for_port
+from tests.helpers import (
+    RestartableRedis,
+    free_port,
+    process_tree,
+    restartable_redis,
+    server_env,
+    stop_process,
+    wait_for_port,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.oracle]
 
@@ -53,8 +61,10 @@ ROUNDS = 7
 TIME_LIMIT = 100.0
 LEASE_S = 2
 #: What ends a round, done to the instance that served it: the server killed or stopped (and
-#: started again on the same folder), or every sandbox process under it killed.
+#: started again on the same folder), or every sandbox process under it killed; on Redis, also
+#: Redis restarted without its data (persistence off) under both instances.
 FAULTS = ["sigkill", "sigterm", "sandboxes"]
+REDIS_FAULTS = [*FAULTS, "redis"]
 #: When, after the round's last call: at once, at fixed delays (a checkpoint lands about 2 s after
 #: a call), while that checkpoint is written, or while a call that hibernates another runs.
 MOMENTS: list[float | str] = [0.0, 0.3, 1.0, 2.2, 3.5, "checkpoint", "hibernation"]
@@ -173,6 +183,8 @@ class Run:
     stayed_s: list[float] = field(default_factory=list)
     #: The instances now serving (a restarted one is a new Instance).
     serving: list[Instance] = field(default_factory=list)
+    #: The redis-server the instances share, when the store is Redis.
+    redis: RestartableRedis | None = None
     number: int = 0
     started: int = 0
 
@@ -265,7 +277,7 @@ async def drive(run: Run, how: str) -> None:
         for _ in range(ROUNDS):
             if time.monotonic() > deadline:
                 break
-            fault, moment = rng.choice(FAULTS), rng.choice(MOMENTS)
+            fault, moment = rng.choice(REDIS_FAULTS if run.redis else FAULTS), rng.choice(MOMENTS)
             for _ in range(CALLS_PER_ROUND):
                 # At random, each call may reach the other instance, which asks the holder for the session.
                 instance = rng.choice(serving) if how == "random" else serving[at]
@@ -293,6 +305,11 @@ async def drive(run: Run, how: str) -> None:
 
 async def hit(run: Run, at: int, fault: str) -> None:
     run.said["faults"] += 1
+    if fault == "redis":
+        assert run.redis is not None
+        await run.redis.stop()
+        await run.redis.start()
+        return
     instance = run.serving[at]
     if fault == "sandboxes":
         kill_sandboxes(instance.process.pid)
@@ -303,13 +320,16 @@ async def hit(run: Run, at: int, fault: str) -> None:
 
 
 @asynccontextmanager
-async def state_store(kind: str, tmp_path: Path) -> AsyncIterator[dict[str, str]]:
-    """The instances' environment naming the store: a folder, or a real redis-server of the test's own."""
+async def state_store(
+    kind: str, tmp_path: Path
+) -> AsyncIterator[tuple[dict[str, str], RestartableRedis | None]]:
+    """The instances' environment naming the store (a folder, or a real redis-server of the
+    test's own), and that redis-server."""
     if kind == "folder":
-        yield {"MCP_SANDBOX_STATE_DIR": str(tmp_path / "state")}
+        yield {"MCP_SANDBOX_STATE_DIR": str(tmp_path / "state")}, None
         return
-    async with redis_server(tmp_path / "redis") as url:
-        yield {"MCP_SANDBOX_STATE_URL": url}
+    async with restartable_redis(tmp_path / "redis") as server:
+        yield {"MCP_SANDBOX_STATE_URL": server.url}, server
 
 
 def seconds(took: list[float]) -> str:
@@ -321,8 +341,8 @@ async def oracle(backend: str, seed: int, tmp_path: Path) -> None:
     logs.mkdir()
     names = [f"s{i}" for i in range(SESSIONS)]
     what, started = run_id(backend, seed), time.monotonic()
-    async with state_store(store(seed), tmp_path) as state:
-        run = Run(backend, seed, state, logs, {name: SessionModel(name) for name in names})
+    async with state_store(store(seed), tmp_path) as (state, redis):
+        run = Run(backend, seed, state, logs, {name: SessionModel(name) for name in names}, redis=redis)
         await drive(run, topology(seed))
     print(
         f"{what}: {run.said} in {time.monotonic() - started:.0f} s; moved calls {seconds(run.moved_s)}, "

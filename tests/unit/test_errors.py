@@ -13,6 +13,7 @@ def test_every_refusal_is_one_exported_base() -> None:
         errors.SessionLimitReached,
         errors.SessionElsewhere,
         errors.PrincipalLimitReached,
+        errors.StoreUnavailable,
     ]
     for refusal in refusals:
         assert issubclass(refusal, mcp_sandbox.Refused)
