@@ -64,12 +64,15 @@ _Arg = str | int | bytes
 CONNECT_TIMEOUT = 3.0
 COMMAND_TIMEOUT = 15.0
 SMALL_COMMAND_TIMEOUT = 3.0
-#: After Redis could not be reached, every call fails at once for this long, then one call looks
-#: (a PING that must answer within PROBE_TIMEOUT) while the others still fail at once: a Redis that
-#: is down or cut off (a partition: nothing answers) costs a session's calls nothing, where each
-#: would otherwise wait out the timeouts above.
+#: After Redis did not answer in time, every call fails at once for this long, then one call looks
+#: (a PING that must answer within PROBE_TIMEOUT) while the others still fail at once: a Redis cut
+#: off (a partition: nothing answers) costs a session's calls nothing, where each would otherwise
+#: wait out the timeouts above. A failure that took less than SLOW_FAILURE_S (a connection refused
+#: or closed: Redis down or restarting) pauses nothing: the next call tries again, so an instance
+#: never thinks Redis away while it is back (and another instance takes sessions up).
 UNREACHABLE_PAUSE = 2.0
 PROBE_TIMEOUT = 1.0
+SLOW_FAILURE_S = 0.5
 #: An ask for a session is kept this long for its holder, which looks several times a second.
 ASKS_LIFETIME_MS = 60_000
 #: Asks one look takes at most; the rest wait for the next look.
@@ -185,6 +188,8 @@ class RedisStore:
         self._down_until = 0.0
         self._down_reason = ""
         self._probing = False
+        #: The last command failed: warned once, and once more when one succeeds.
+        self._failing = False
         self._write = self._client.register_script(_WRITE)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._renew = self._client.register_script(_RENEW)
@@ -205,9 +210,10 @@ class RedisStore:
         except StoreError:
             _discard(command)
             raise
+        started = time.monotonic()
         try:
             with anyio.fail_after(timeout):
-                return await command
+                answer = await command
         except redis.exceptions.ResponseError as error:
             if str(error).startswith("OOM"):
                 raise StoreError(
@@ -216,7 +222,9 @@ class RedisStore:
                 ) from error
             raise StoreError(f"{doing} failed: {self.where} answered {error}") from error
         except (redis.exceptions.RedisError, OSError) as error:  # TimeoutError is an OSError
-            raise self._unreachable(doing, error) from error
+            raise self._unreachable(doing, error, started) from error
+        self._reached()
+        return answer
 
     async def _reachable(self, doing: str) -> None:
         """Raise StoreError at once while Redis is known unreachable: for UNREACHABLE_PAUSE seconds
@@ -227,28 +235,38 @@ class RedisStore:
         if time.monotonic() < self._down_until or self._probing:
             raise StoreError(f"{doing} failed: {self.where} could not be reached ({self._down_reason})")
         self._probing = True
+        started = time.monotonic()
         try:
             with anyio.fail_after(PROBE_TIMEOUT):
                 await self._client.ping()
         except (redis.exceptions.RedisError, OSError) as error:
-            raise self._unreachable(doing, error) from error
+            raise self._unreachable(doing, error, started) from error
         finally:
             self._probing = False
-        self._down_until = 0.0
-        logger.warning("%s answers again", self.where)
+        self._reached()
 
-    def _unreachable(self, doing: str, error: BaseException) -> StoreError:
-        """Redis could not be reached: the calls of the next UNREACHABLE_PAUSE seconds fail at once."""
+    def _reached(self) -> None:
+        self._down_until = 0.0
+        if self._failing:
+            self._failing = False
+            logger.warning("%s answers again", self.where)
+
+    def _unreachable(self, doing: str, error: BaseException, started: float) -> StoreError:
+        """Redis could not be reached: if finding out took time, the calls of the next
+        UNREACHABLE_PAUSE seconds fail at once."""
         if isinstance(error, TimeoutError) and not str(error):
             error = TimeoutError("no answer in time")
-        if not self._down_until:
-            logger.warning(
-                "%s could not be reached (%s); store calls fail at once, and it is tried again every %g s",
-                self.where,
-                error,
-                UNREACHABLE_PAUSE,
-            )
-        self._down_until = time.monotonic() + UNREACHABLE_PAUSE
+        if not self._failing:
+            logger.warning("%s could not be reached (%s)", self.where, error)
+        self._failing = True
+        if time.monotonic() - started >= SLOW_FAILURE_S:
+            if not self._down_until:
+                logger.warning(
+                    "store calls fail at once, and %s is tried again every %g s",
+                    self.where,
+                    UNREACHABLE_PAUSE,
+                )
+            self._down_until = time.monotonic() + UNREACHABLE_PAUSE
         self._down_reason = str(error)
         return StoreError(f"{doing} failed: {self.where} could not be reached ({error})")
 
@@ -287,13 +305,15 @@ class RedisStore:
     async def load(self, session_id: str) -> SavedState | None:
         doing = "reading the session's state"
         await self._reachable(doing)
+        started = time.monotonic()
         try:
             with anyio.fail_after(COMMAND_TIMEOUT):
                 data = await self._client.hget(self.key(session_id, "data"), "state")
         except redis.exceptions.ResponseError as error:
             raise StateUnusable(f"it is not a state of this version of mcp-sandbox ({error})") from error
         except (redis.exceptions.RedisError, OSError) as error:
-            raise self._unreachable(doing, error) from error
+            raise self._unreachable(doing, error, started) from error
+        self._reached()
         if data is None:
             return None
         return decode_state(session_id, _bytes(data), self.max_session_bytes)
@@ -301,13 +321,15 @@ class RedisStore:
     async def read_record(self, session_id: str) -> SessionRecord | None:
         key, doing = self.key(session_id, "data"), "reading the session's record"
         await self._reachable(doing)
+        started = time.monotonic()
         try:
             with anyio.fail_after(SMALL_COMMAND_TIMEOUT):
                 data = await self._client.hget(key, "record")
         except redis.exceptions.ResponseError:
             return DAMAGED_RECORD  # not a hash of ours
         except (redis.exceptions.RedisError, OSError) as error:
-            raise self._unreachable(doing, error) from error
+            raise self._unreachable(doing, error, started) from error
+        self._reached()
         return None if data is None else decode_record(session_id, _bytes(data))[0]
 
     async def delete(self, session_id: str) -> None:
