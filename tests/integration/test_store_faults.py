@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -41,6 +42,18 @@ def server(redis_url: str) -> object:
     return http_server(
         MCP_SANDBOX_STATE_URL=redis_url, MCP_SANDBOX_BACKEND="subprocess", MCP_SANDBOX_LEASE_SECONDS="3"
     )
+
+
+@asynccontextmanager
+async def two_instances(url: str) -> AsyncIterator[tuple[Client, Client, int]]:
+    """Two server processes on one Redis, a client of each, and the second's port."""
+    async with (
+        server(url) as (first, _),  # type: ignore[attr-defined]
+        server(url) as (second, _),  # type: ignore[attr-defined]
+        Client(f"http://127.0.0.1:{first}/mcp") as a,
+        Client(f"http://127.0.0.1:{second}/mcp") as b,
+    ):
+        yield a, b, second
 
 
 async def saved_call(url: str, session_id: str) -> int:
@@ -174,12 +187,7 @@ async def test_a_partition_keeps_two_instances_serving_their_own_sessions(
 ) -> None:
     url = redis_proc.url
     with anyio.fail_after(180):
-        async with (
-            server(url) as (first, _),  # type: ignore[attr-defined]
-            server(url) as (second, _),  # type: ignore[attr-defined]
-            Client(f"http://127.0.0.1:{first}/mcp") as a,
-            Client(f"http://127.0.0.1:{second}/mcp") as b,
-        ):
+        async with two_instances(url) as (a, b, _):
             assert (await call(a, "x = 1; x", session_id="sa"))["result"] == "1"
             assert (await call(b, "x = 101; x", session_id="sb"))["result"] == "101"
             await checkpointed(url, "sa", 1)
@@ -287,12 +295,7 @@ async def test_a_session_not_live_here_waits_for_the_store_and_is_refused_not_ru
     does not take it up without its lease (two copies of s would answer in turn), and says why."""
     url = redis_proc.url
     with anyio.fail_after(120):
-        async with (
-            server(url) as (first, _),  # type: ignore[attr-defined]
-            server(url) as (second, _),  # type: ignore[attr-defined]
-            Client(f"http://127.0.0.1:{first}/mcp") as a,
-            Client(f"http://127.0.0.1:{second}/mcp") as b,
-        ):
+        async with two_instances(url) as (a, b, second):
             assert (await call(a, "x = 1; x", session_id="s"))["result"] == "1"
             await redis_proc.stop()
             refused = await b.call_tool("execute_python", {"code": "x = 100; x", "session_id": "s"})
