@@ -102,8 +102,11 @@ class Leases:
             except LeaseTaken:
                 taken = True  # another instance ran it: acquired below, and the sandbox given back
             except StoreError as error:
-                logger.warning("session %r runs on without renewing its lease: %s", session.session_id, error)
-                return
+                if not taken:
+                    logger.warning(
+                        "session %r runs on without renewing its lease: %s", session.session_id, error
+                    )
+                    return
             else:
                 session.lease = renewed
                 if renewed.retaken:
@@ -132,12 +135,12 @@ class Leases:
                 soon = time.monotonic() - started < HANDOVER_WAIT_S
                 await anyio.sleep(HANDOVER_POLL_S if soon else min(1.0, seconds / 10))
             except StoreError as error:
-                if session.executor is not None:
+                if session.executor is not None and not taken:
                     # Live here: its sandbox holds its latest state, and its lease (if it had one)
                     # is renewed once the store answers again.
                     logger.warning("session %r runs on without a lease: %s", session.session_id, error)
                     return
-                # Not live here: another instance may run it, which only its lease would say.
+                # Not live here, or taken from here: another instance may run it, as only its lease says.
                 if time.monotonic() - started >= STORE_WAIT_S:
                     raise StoreUnavailable(
                         f"session {session.session_id!r} is not running on this instance, and the store "
