@@ -421,7 +421,7 @@ class RedisStore:
         except (ValueError, KeyError, TypeError):
             return self._lost_at  # not ours to judge: someone wrote the key; what was known stands
         if found != self._epoch:
-            if self._epoch is not None or after_loss:
+            if self._epoch is not None or (after_loss and time.time() - since <= self._session_ttl):
                 self._lost_at = since
                 logger.warning(
                     "%s lost its data (restarted without persistence, or flushed) by %s: sessions "
