@@ -123,9 +123,7 @@ class Checkpoints:
         try:
             since = await self._store.lost_data_since()
         except StoreError:
-            return (
-                None  # the record was just read: a store that stops answering now is said at the next write
-            )
+            return None  # the record was just read: a store that stops now is said at the next write
         if since is None:
             return None
         by = time.strftime("%H:%M:%S", time.localtime(since))

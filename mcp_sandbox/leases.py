@@ -83,15 +83,12 @@ class Leases:
         if self._store is None:
             return
         store, seconds = self._store, self._seconds
+        if session in self._taken:  # another instance took its lease while a call ran here
+            self._taken.discard(session)
+            session.lease = None
+            await self._give_back(session)
         held = session.lease
-        taken = session in self._taken
-        self._taken.discard(session)
-        if (
-            held is not None
-            and not taken
-            and not self._renew_each_call
-            and held.expires - time.time() > seconds / 2
-        ):
+        if held is not None and not self._renew_each_call and held.expires - time.time() > seconds / 2:
             return  # renewed in the background; nobody can have taken it
         if held is not None:
             # Renewed rather than acquired, so a lease that ran out while the store could not be
@@ -100,13 +97,11 @@ class Leases:
             try:
                 renewed = await store.renew_lease(held, seconds)
             except LeaseTaken:
-                taken = True  # another instance ran it: acquired below, and the sandbox given back
+                # Another instance ran it: its sandbox here holds an older state than the store's.
+                await self._give_back(session)
             except StoreError as error:
-                if not taken:
-                    logger.warning(
-                        "session %r runs on without renewing its lease: %s", session.session_id, error
-                    )
-                    return
+                logger.warning("session %r runs on without renewing its lease: %s", session.session_id, error)
+                return
             else:
                 session.lease = renewed
                 if renewed.retaken:
@@ -135,12 +130,12 @@ class Leases:
                 soon = time.monotonic() - started < HANDOVER_WAIT_S
                 await anyio.sleep(HANDOVER_POLL_S if soon else min(1.0, seconds / 10))
             except StoreError as error:
-                if session.executor is not None and not taken:
+                if session.executor is not None:
                     # Live here: its sandbox holds its latest state, and its lease (if it had one)
                     # is renewed once the store answers again.
                     logger.warning("session %r runs on without a lease: %s", session.session_id, error)
                     return
-                # Not live here, or taken from here: another instance may run it, as only its lease says.
+                # Not live here: another instance may run it, which only its lease would say.
                 if time.monotonic() - started >= STORE_WAIT_S:
                     raise StoreUnavailable(
                         f"session {session.session_id!r} is not running on this instance, and the store "
@@ -151,9 +146,7 @@ class Leases:
         if lease.taken_from is not None:
             session.moved_from = lease.taken_from
         taken_meanwhile = held is None or lease.token != held.token
-        if session.executor is not None and (
-            taken or (taken_meanwhile and await self._ran_elsewhere(session, lease))
-        ):
+        if taken_meanwhile and session.executor is not None and await self._ran_elsewhere(session, lease):
             # Another instance may have run it since: the store's state is the one to go on from.
             await self._give_back(session)
 
@@ -250,11 +243,10 @@ class Leases:
                     logger.warning("session %r was taken over by another instance", session.session_id)
                     if session.lease is lease:
                         session.lease = None
-                    if session.executor is not None:
-                        if session.lock.locked():
-                            self._taken.add(session)  # a call runs in it: given back at the next
-                        else:
-                            await self._give_back(session)
+                    if session.lock.locked():
+                        self._taken.add(session)  # a call runs in its sandbox: given back at the next
+                    else:
+                        await self._give_back(session)
                 except StoreError as error:
                     logger.warning("session %r: %s", session.session_id, error)
                 else:
@@ -264,6 +256,9 @@ class Leases:
                             self._retaken(session)
 
     async def _give_back(self, session: Session) -> None:
+        """Another instance took the session up: its sandbox here, if it has one, goes back."""
+        if session.executor is None:
+            return
         executor = session.to(SessionState.MOVED)
         assert executor is not None
         await self._ready_pool.release(executor)
