@@ -14,7 +14,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
@@ -102,6 +102,27 @@ async def http_server(transport: str = "http", **env: str) -> AsyncIterator[tupl
         yield port, process
     finally:
         await stop_process(process)
+
+
+class Serving(NamedTuple):
+    """One server process of `two_instances`: its port, its process and a client of it."""
+
+    port: int
+    process: anyio.abc.Process
+    client: Client
+
+
+@asynccontextmanager
+async def two_instances(**env: str) -> AsyncIterator[tuple[Serving, Serving]]:
+    """Two server processes over streamable HTTP with the same environment (so the same store),
+    each with a client of its own."""
+    async with (
+        http_server(**env) as (first, first_process),
+        http_server(**env) as (second, second_process),
+        Client(f"http://127.0.0.1:{first}/mcp") as a,
+        Client(f"http://127.0.0.1:{second}/mcp") as b,
+    ):
+        yield Serving(first, first_process, a), Serving(second, second_process, b)
 
 
 async def stop_process(process: anyio.abc.Process, sig: int = signal.SIGTERM, grace: float = 10) -> None:

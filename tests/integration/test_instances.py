@@ -32,6 +32,7 @@ from tests.helpers import (
     state_file,
     state_name,
     stop_process,
+    two_instances,
     wait_for_port,
     write_tokens,
 )
@@ -260,11 +261,7 @@ async def test_a_call_for_a_session_another_instance_holds_is_handed_over(
     """A routing change costs a restore, not an error: the instance a call reaches asks the holder
     for the session, which checkpoints it and lets go; a stop hands sessions over at once too."""
     env = {"MCP_SANDBOX_BACKEND": "subprocess", "MCP_SANDBOX_LEASE_SECONDS": str(LEASE_S), **shared_state.env}
-    async with AsyncExitStack() as stack:
-        first, first_process = await stack.enter_async_context(http_server(**env))
-        second, second_process = await stack.enter_async_context(http_server(**env))
-        a = await stack.enter_async_context(Client(f"http://127.0.0.1:{first}/mcp"))
-        b = await stack.enter_async_context(Client(f"http://127.0.0.1:{second}/mcp"))
+    async with two_instances(**env) as ((first, first_process, a), (second, second_process, b)):
         assert (await call(a, "x = 41", session_id="busy"))["success"]
         assert await shared_state.holder("busy") == first_process.pid
         # a renews its lease while the session is live: waiting it out would be refused.
@@ -295,11 +292,7 @@ async def test_a_session_whose_sandbox_died_before_its_checkpoint_is_handed_over
         "MCP_SANDBOX_LEASE_SECONDS": str(LEASE_S),
         "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"),
     }
-    async with AsyncExitStack() as stack:
-        first, first_process = await stack.enter_async_context(http_server(**env))
-        second, _ = await stack.enter_async_context(http_server(**env))
-        a = await stack.enter_async_context(Client(f"http://127.0.0.1:{first}/mcp"))
-        b = await stack.enter_async_context(Client(f"http://127.0.0.1:{second}/mcp"))
+    async with two_instances(**env) as ((first, first_process, a), (_, _, b)):
         assert (await call(a, "x = 41", session_id="dies"))["success"]
         # Killed well inside the 2 s before its checkpoint, as the OOM killer might.
         sandboxes = [pid for pid in process_tree(first_process.pid) if pid != first_process.pid]

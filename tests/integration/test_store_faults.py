@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -20,7 +19,7 @@ from mcp import Client
 
 from mcp_sandbox.store import LeaseHeld, LeaseTaken, RedisStore, SavedState, StoreError
 from mcp_sandbox.store.codec import decode_state
-from tests.helpers import RestartableRedis, call, http_server, restartable_redis
+from tests.helpers import RestartableRedis, call, http_server, restartable_redis, two_instances
 
 pytestmark = pytest.mark.anyio
 
@@ -38,22 +37,13 @@ async def redis_proc(tmp_path: Path) -> AsyncIterator[RestartableRedis]:
         yield server
 
 
-def server(redis_url: str) -> object:
-    return http_server(
-        MCP_SANDBOX_STATE_URL=redis_url, MCP_SANDBOX_BACKEND="subprocess", MCP_SANDBOX_LEASE_SECONDS="3"
-    )
-
-
-@asynccontextmanager
-async def two_instances(url: str) -> AsyncIterator[tuple[Client, Client, int]]:
-    """Two server processes on one Redis, a client of each, and the second's port."""
-    async with (
-        server(url) as (first, _),  # type: ignore[attr-defined]
-        server(url) as (second, _),  # type: ignore[attr-defined]
-        Client(f"http://127.0.0.1:{first}/mcp") as a,
-        Client(f"http://127.0.0.1:{second}/mcp") as b,
-    ):
-        yield a, b, second
+def on_redis(redis_url: str) -> dict[str, str]:
+    """The environment of a server process keeping sessions in that Redis."""
+    return {
+        "MCP_SANDBOX_STATE_URL": redis_url,
+        "MCP_SANDBOX_BACKEND": "subprocess",
+        "MCP_SANDBOX_LEASE_SECONDS": "3",
+    }
 
 
 async def saved_call(url: str, session_id: str) -> int:
@@ -99,7 +89,10 @@ async def test_calls_run_on_while_redis_is_away_and_checkpoints_pause_and_resume
     Partitioned: SIGSTOP, nothing answers, and it comes back with its data."""
     url = redis_proc.url
     with anyio.fail_after(150):
-        async with server(url) as (port, _), Client(f"http://127.0.0.1:{port}/mcp") as client:  # type: ignore[attr-defined]
+        async with (
+            http_server(**on_redis(url)) as (port, _),
+            Client(f"http://127.0.0.1:{port}/mcp") as client,
+        ):
             first = await call(client, "x = 1; x", session_id="s")
             assert first["result"] == "1"
             await checkpointed(url, "s", 1)
@@ -187,7 +180,8 @@ async def test_a_partition_keeps_two_instances_serving_their_own_sessions(
 ) -> None:
     url = redis_proc.url
     with anyio.fail_after(180):
-        async with two_instances(url) as (a, b, _):
+        async with two_instances(**on_redis(url)) as (first, second):
+            a, b = first.client, second.client
             assert (await call(a, "x = 1; x", session_id="sa"))["result"] == "1"
             assert (await call(b, "x = 101; x", session_id="sb"))["result"] == "101"
             await checkpointed(url, "sa", 1)
@@ -270,8 +264,8 @@ async def test_a_session_first_seen_after_redis_lost_its_data_is_said_lost(
     url = redis_proc.url
     with anyio.fail_after(180):
         async with (
-            server(url) as (first, first_process),  # type: ignore[attr-defined]
-            server(url) as (second, _),  # type: ignore[attr-defined]
+            http_server(**on_redis(url)) as (first, first_process),
+            http_server(**on_redis(url)) as (second, _),
             Client(f"http://127.0.0.1:{second}/mcp") as b,
         ):
             async with Client(f"http://127.0.0.1:{first}/mcp") as a:
@@ -295,7 +289,8 @@ async def test_a_session_not_live_here_waits_for_the_store_and_is_refused_not_ru
     does not take it up without its lease (two copies of s would answer in turn), and says why."""
     url = redis_proc.url
     with anyio.fail_after(120):
-        async with two_instances(url) as (a, b, second):
+        async with two_instances(**on_redis(url)) as (first, second):
+            a, b = first.client, second.client
             assert (await call(a, "x = 1; x", session_id="s"))["result"] == "1"
             await redis_proc.stop()
             refused = await b.call_tool("execute_python", {"code": "x = 100; x", "session_id": "s"})
@@ -303,6 +298,6 @@ async def test_a_session_not_live_here_waits_for_the_store_and_is_refused_not_ru
             assert refused.is_error and "cannot be reached to take it up" in text, text
             await step(a, "s", 2)
             await redis_proc.start()
-            await ready(second)
+            await ready(second.port)
             moved = await call(b, "x", session_id="s")
             assert moved["result"] == "2" and moved["session_restored"], moved
