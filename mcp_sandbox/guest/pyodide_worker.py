@@ -22,9 +22,20 @@ from mcp_sandbox.guest.program import interrupted_outcome
 REACHING_PAST = ("ctypes.", "gc.get_", "sys.settrace", "sys.setprofile", "sys._current_frames")
 
 
-def install_waits(wait: Callable[[float], None]) -> None:
+def interrupted() -> None:
+    """What the interpreter's signal check does with an interrupt: call the SIGINT handler (the
+    program may have set its own), or raise KeyboardInterrupt by default."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, None)
+    elif handler == signal.SIG_DFL:
+        raise KeyboardInterrupt
+
+
+def install_waits(wait: Callable[[float], bool]) -> None:
     """Make the standard library's waits sleep in `wait`, which blocks without using
-    the CPU and raises KeyboardInterrupt when the run is interrupted, instead of spinning.
+    the CPU and answers True when the run is interrupted (the interrupt is then raised here, as
+    the SIGINT handler raises it), instead of spinning.
 
     Covers time.sleep (however imported, as this runs before any program), select.select with
     no files, and every timed wait of threading and queue (Condition.wait sleeps on a fresh lock,
@@ -35,7 +46,8 @@ def install_waits(wait: Callable[[float], None]) -> None:
     def sleep(seconds: Any) -> None:
         if seconds < 0:
             raise ValueError("sleep length must be non-negative")
-        wait(float(seconds))
+        if wait(float(seconds)):
+            interrupted()
 
     real_select = select.select
 

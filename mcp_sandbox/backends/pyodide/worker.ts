@@ -176,20 +176,19 @@ function blockOnToolCall(call: number, message: string): string {
 }
 
 // The guest's waits (time.sleep and the rest, guest.install_waits): asleep in Atomics.wait, with no
-// CPU, until the deadline or the runner's notify of an interrupt, which raises KeyboardInterrupt
-// here. After a kill it returns at once, for the interpreter's next signal check to end the run.
+// CPU, until the deadline or the runner's notify of an interrupt, which it takes from the buffer and
+// answers true for, so the guest raises KeyboardInterrupt in Python (through checkInterrupt, Pyodide
+// would also print its traceback to stderr). After a kill it returns at once, for the interpreter's
+// next signal check to end the run.
 const now = performance.now.bind(performance);
 
-function waitInterruptibly(seconds: number): void {
+function waitInterruptibly(seconds: number): boolean {
   const deadline = now() + seconds * 1000;
   for (;;) {
-    if (Atomics.load(state.signals, SIGNAL_KILL) !== 0) return;
-    if (Atomics.load(state.signals, SIGNAL_INTERRUPT) !== 0) {
-      state.pyodide.checkInterrupt();
-      return;
-    }
+    if (Atomics.load(state.signals, SIGNAL_KILL) !== 0) return false;
+    if (Atomics.compareExchange(state.signals, SIGNAL_INTERRUPT, INTERRUPT_SIGNAL, 0) !== 0) return true;
     const left = deadline - now();
-    if (left <= 0) return;
+    if (left <= 0) return false;
     Atomics.wait(state.signals, SIGNAL_INTERRUPT, 0, left);
   }
 }
