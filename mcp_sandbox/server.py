@@ -41,7 +41,8 @@ from mcp_sandbox.kept import URI_TEMPLATE, KeptOutputMissing, line_number
 from mcp_sandbox.metrics import CONTENT_TYPE
 from mcp_sandbox.principals import SOLE, Caller, Verifier
 from mcp_sandbox.result import ExecutionResult
-from mcp_sandbox.settings import Settings
+from mcp_sandbox.settings import ResultTextName, Settings
+from mcp_sandbox.text import model_text
 from mcp_sandbox.version import __version__
 
 #: Output text files up to this size also come back as embedded resources.
@@ -122,10 +123,12 @@ def search_answer(specs: list[ToolSpec], total: int, detail: SearchDetail = "bri
     )
 
 
-def tool_result(result: ExecutionResult) -> CallToolResult:
-    """The MCP form of a result: its JSON, then figures and output images as image content,
-    and small text files as embedded resources."""
-    content: list[ContentBlock] = [TextContent(type="text", text=result.model_dump_json())]
+def tool_result(result: ExecutionResult, form: ResultTextName = "compact") -> CallToolResult:
+    """The MCP form of a result: the text the model reads (model_text, or with "json" the
+    structured content's JSON), then figures and output images as image content, and small text
+    files as embedded resources; every field as structured content."""
+    first = model_text(result) if form == "compact" else result.model_dump_json()
+    content: list[ContentBlock] = [TextContent(type="text", text=first)]
     for figure in result.artifacts.figures:
         content.append(_image(figure, "image/png"))
     for file in result.files:
@@ -168,11 +171,11 @@ def _is_text(mime: str) -> bool:
 def execute_python_description(app: App) -> str:
     s = app.settings
     return (
-        "Run Python in a sandbox; returns stdout, stderr and the last expression's repr(); "
-        f"top-level await works. {app.backend.summary()} A session_id keeps variables between calls "
-        f"(idle ones expire after {s.session_ttl:g} s; reset_session ends one). Timeout {s.timeout:g} s "
-        f"(max {s.max_timeout:g} s via `timeout`). Output past {s.max_output_chars} characters is cut; "
-        "stdout_uri has it whole." + bridge_description(app)
+        "Run Python in a sandbox as a REPL cell: you read what it prints and its last expression's value; "
+        f"top-level await works. {app.backend.summary()} A session_id's variables last until it is idle "
+        f"{s.session_ttl:g} s (reset_session ends it). Timeout {s.timeout:g} s, at most {s.max_timeout:g}. "
+        f"Output past {s.max_output_chars:,} characters is cut, the whole kept behind a link."
+        + bridge_description(app)
     )
 
 
@@ -343,7 +346,7 @@ def build_server(app: App, verifier: Verifier | None = None) -> MCPServer:
             )
         except Refused as error:
             raise ToolError(str(error)) from None
-        return tool_result(result)
+        return tool_result(result, app.settings.result_text)
 
     async def reset_session(
         ctx: Context,

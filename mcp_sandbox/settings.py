@@ -16,6 +16,7 @@ from mcp_sandbox.protocol import OutputLimits
 BackendName = Literal["auto", "pyodide", "subprocess", "inprocess"]
 PolicyName = Literal["off", "strict"]
 IsolationName = Literal["auto", "bubblewrap", "landlock", "none"]
+ResultTextName = Literal["compact", "json"]
 
 
 def default_cache_dir() -> Path:
@@ -46,6 +47,12 @@ class Settings(BaseSettings):
     )
     max_output_chars: int = Field(
         32_768, ge=256, description="Cap on stdout, stderr, result and error, each (head and tail kept)."
+    )
+    result_text: ResultTextName = Field(
+        "compact",
+        description="What a tool result's text block (what most clients hand the model) holds: compact, "
+        "what a REPL would show plus a line for each unusual fact; json, the structured content's JSON, "
+        "as MCP suggests for clients that read only text and want every field.",
     )
     max_kept_output_chars: int = Field(
         1_000_000,

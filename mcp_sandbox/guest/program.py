@@ -7,6 +7,7 @@ import ast
 import inspect
 import linecache
 import os
+import sys
 from traceback import FrameSummary, StackSummary, TracebackException, format_exception_only, walk_tb
 from types import CodeType, TracebackType
 from typing import Any
@@ -25,6 +26,9 @@ RUNTIME_FILES = ("<mcp_sandbox.guest",) + (
 #: runaway recursion takes longer than the timeout.
 TRACEBACK_HEAD_FRAMES, TRACEBACK_TAIL_FRAMES = 30, 30
 _ELIDED = "<frames not shown>"
+#: A pandas table as a final value shows this many rows (half from its head, half from its tail)
+#: and columns at most.
+TABLE_ROWS, TABLE_COLUMNS = 10, 20
 
 
 class Program:
@@ -87,8 +91,22 @@ def user_traceback(error: BaseException) -> str:
     )
 
 
-def _safe_repr(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """The final value as the caller reads it: repr(), except that a pandas DataFrame or Series
+    is a table of its head and tail rows with its shape, unwrapped (repr() folds wide tables into
+    blocks, which a model reads worse)."""
     try:
+        pandas = sys.modules.get("pandas")
+        if pandas is not None and isinstance(value, pandas.DataFrame):
+            text: str = value.to_string(
+                max_rows=TABLE_ROWS, min_rows=TABLE_ROWS, max_cols=TABLE_COLUMNS, show_dimensions=True
+            )
+            return text
+        if pandas is not None and isinstance(value, pandas.Series):
+            text = value.to_string(
+                max_rows=TABLE_ROWS, min_rows=TABLE_ROWS, length=True, dtype=True, name=True
+            )
+            return text
         return repr(value)
     except BaseException as error:  # noqa: BLE001 - a broken __repr__ must not lose the run
         return f"<repr() failed: {type(error).__name__}: {error}>"
@@ -114,7 +132,7 @@ def outcome_of(
         message, cut = cap_text(user_traceback(error), max_output_chars)
         truncated = truncated or cut
     elif value is not None:
-        result, cut = cap_text(_safe_repr(value), max_output_chars)
+        result, cut = cap_text(value_text(value), max_output_chars)
         truncated = truncated or cut
     outcome: GuestOutcome = {
         "success": error is None,

@@ -1,0 +1,93 @@
+"""What the model reads of a result: what a person at a REPL would see, and one short line for each
+thing that is not the usual. The structured content keeps every field for programs."""
+
+from __future__ import annotations
+
+import re
+
+from mcp_sandbox.protocol import TRUNCATION_MARKER
+from mcp_sandbox.result import ExecutionResult
+
+#: Outcomes of the sandbox rather than of the program: their `error` is a sentence, not a traceback.
+SANDBOX_OUTCOMES = frozenset({"Timeout", "Cancelled", "MemoryLimit", "SandboxCrash", "Rejected"})
+#: What a result that printed, returned and said nothing reads as.
+NOTHING = "(no output)"
+#: The marker the guest puts where it cut a stream (protocol.cap_text), with the count it says.
+_CUT = re.compile(re.escape(TRUNCATION_MARKER).replace(re.escape("{cut:,}"), r"([\d,]+)"))
+#: Lines of a traceback that repeat what its frames say: the header, and the markers under a line.
+_TRACEBACK_NOISE = re.compile(r"^(Traceback \(most recent call last\):|\s*[~^]+\s*)$")
+
+
+def model_text(result: ExecutionResult) -> str:
+    """The result as lines: stdout, stderr under a marker, the error or the final value, then a
+    bracketed line for each unusual fact (a restore or a loss, files, figures, notes: a cut
+    output's link among them)."""
+    parts = [*_output(result), *_ending(result), *_unusual(result)]
+    return "\n".join(parts) if parts else NOTHING
+
+
+def _output(result: ExecutionResult) -> list[str]:
+    parts = []
+    if result.stdout:
+        parts.append(_stream(result, "stdout", result.stdout, result.stdout_uri))
+    if result.stderr:
+        parts += ["[stderr]", _stream(result, "stderr", result.stderr, result.stderr_uri)]
+    return parts
+
+
+def _stream(result: ExecutionResult, name: str, text: str, link: str | None) -> str:
+    """A stream as its lines. One cut at the source shows whole lines around one marker that says
+    how much is not shown and where all of it is."""
+    found = _CUT.search(text) if result.truncated else None
+    if found is None:
+        return text.removesuffix("\n")
+    head, tail = text[: found.start()], text[found.end() :]
+    # The cut fell inside a line at each end: the partial lines go with it.
+    end = head.rfind("\n")  # the newline that ends the last whole line stays, as the line break
+    whole_head, partial = (head[:end], len(head) - end - 1) if end >= 0 else (head, 0)
+    whole_tail = tail[tail.find("\n") + 1 :] if "\n" in tail else tail
+    hidden = int(found.group(1).replace(",", "")) + partial + len(tail) - len(whole_tail)
+    kept = result.artifacts.kept_output.get(name)
+    where = f"; all {kept.total:,}: {link} (?first=N&last=M reads lines)" if link and kept else ""
+    marker = f"... [{hidden:,} characters not shown{where}] ..."
+    return "\n".join(part for part in (whole_head, marker, whole_tail.removesuffix("\n")) if part)
+
+
+def _ending(result: ExecutionResult) -> list[str]:
+    """The error (its type, message and the program's frames), or the final value."""
+    if result.error_type is not None:
+        if result.error_type in SANDBOX_OUTCOMES or not result.error:
+            return [f"{result.error_type}: {result.error}" if result.error else result.error_type]
+        return [traceback_text(result.error)]
+    if result.result is None:
+        return []
+    # A value of several lines (a table) starts on its own line, so its columns stay aligned.
+    return [f"Out:\n{result.result}" if "\n" in result.result else f"Out: {result.result}"]
+
+
+def _unusual(result: ExecutionResult) -> list[str]:
+    lines = []
+    if result.session_restored:
+        lines.append(
+            f"[session restored from its checkpoint after call {result.restored_from_call}: "
+            "what later calls did is gone]"
+        )
+    if result.session_lost:
+        lines.append("[session lost: its variables are gone; it goes on fresh]")
+    for file in result.files:
+        where = f", saved to {file.saved_to}" if file.saved_to else ""
+        lines.append(f"[file output/{file.name}: {file.size:,} bytes, {file.mime_type}{where}]")
+    if result.figures:
+        lines.append(
+            f"[{result.figures} figures, as images]" if result.figures > 1 else "[1 figure, as an image]"
+        )
+    # A note about a cut output's link (kept.py) is said by the marker in the output already.
+    links = [link for link in (result.stdout_uri, result.stderr_uri) if link]
+    lines += [f"[note: {note}]" for note in result.notes if not any(link in note for link in links)]
+    return lines
+
+
+def traceback_text(error: str) -> str:
+    """A traceback without its header and the ~^ markers under its lines: the frames, their lines
+    and the exception stay."""
+    return "\n".join(line for line in error.splitlines() if not _TRACEBACK_NOISE.match(line))

@@ -1,0 +1,69 @@
+"""model_text: each unusual fact of a result gets one line, and the usual ones none."""
+
+from __future__ import annotations
+
+from mcp_sandbox.protocol import cap_text
+from mcp_sandbox.result import ExecutionResult, KeptOutput, OutputFile
+from mcp_sandbox.text import model_text
+
+
+def result(**fields: object) -> ExecutionResult:
+    return ExecutionResult.model_validate({"success": True, "backend": "pyodide", **fields})
+
+
+def test_a_restore_and_its_notes_are_said() -> None:
+    text = model_text(
+        result(result="2", session_restored=True, restored_from_call=3, notes=["an open file was not kept"])
+    )
+    assert text.splitlines() == [
+        "Out: 2",
+        "[session restored from its checkpoint after call 3: what later calls did is gone]",
+        "[note: an open file was not kept]",
+    ]
+
+
+def test_a_loss_is_said() -> None:
+    text = model_text(result(session_lost=True, notes=["the sandbox died before its first checkpoint"]))
+    assert "[session lost: its variables are gone; it goes on fresh]" in text.splitlines()
+    assert text.endswith("[note: the sandbox died before its first checkpoint]")
+
+
+def test_files_figures_and_sandbox_outcomes() -> None:
+    text = model_text(
+        result(
+            success=False,
+            error_type="MemoryLimit",
+            error="the program used more than 512 MB",
+            files=[OutputFile(name="a.png", size=2048, mime_type="image/png", saved_to="/srv/out/a.png")],
+            figures=2,
+        )
+    )
+    assert text.splitlines() == [
+        "MemoryLimit: the program used more than 512 MB",
+        "[file output/a.png: 2,048 bytes, image/png, saved to /srv/out/a.png]",
+        "[2 figures, as images]",
+    ]
+
+
+def test_a_cut_without_a_link_still_says_how_much_is_not_shown() -> None:
+    whole = "".join(f"{n}\n" for n in range(1000))
+    cut, _ = cap_text(whole, 200)
+    lines = model_text(result(stdout=cut, truncated=True)).splitlines()
+    marker = next(line for line in lines if "not shown" in line)
+    shown = [line for line in lines if line != marker]
+    hidden = int(marker.split("[")[1].split()[0].replace(",", ""))
+    assert hidden == len(whole) - sum(len(line) + 1 for line in shown), "partial lines are counted as hidden"
+    assert shown == [line for line in whole.splitlines() if line in shown], "whole lines, in order"
+
+
+def test_a_cut_with_its_link_names_it_once() -> None:
+    link = "sandbox://kept/abc/stdout"
+    cut, _ = cap_text("x" * 500 + "\n" + "y" * 500 + "\n", 200)
+    kept = result(stdout=cut, truncated=True, stdout_uri=link, notes=[f"stdout was cut; all at {link}"])
+    kept.artifacts.kept_output["stdout"] = KeptOutput("x" * 500, 1002)
+    text = model_text(kept)
+    assert text.count(link) == 1 and "all 1,002" in text
+
+
+def test_an_error_without_a_traceback_is_its_type() -> None:
+    assert model_text(result(success=False, error_type="SandboxCrash")) == "SandboxCrash"
