@@ -34,6 +34,7 @@ from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sessions import ProgressReport, Sessions
 from mcp_sandbox.settings import Settings
+from mcp_sandbox.stopping import CallStopped, stop_on_cancel
 from mcp_sandbox.store import Store, StoreError, open_store
 from mcp_sandbox.version import __version__
 
@@ -194,10 +195,19 @@ class App:
         progress: ProgressReport | None = None,
         principal: str = SOLE,
     ) -> ExecutionResult:
-        """`_execute`, counted in the metrics, its log lines carrying its session and call ids."""
+        """`_execute`, counted in the metrics, its log lines carrying its session and call ids. A
+        caller that goes away (its task cancelled: a cancelled MCP request) stops the program as
+        its timeout would, and the session settles before the cancel goes on (stopping.py)."""
         with self.metrics.call(self.backend.name) as call, call_context(session_id):
-            result = await self._execute(
-                code, timeout=timeout, session_id=session_id, progress=progress, principal=principal
+            result = await stop_on_cancel(
+                lambda stop: self._execute(
+                    code,
+                    timeout=timeout,
+                    session_id=session_id,
+                    progress=progress,
+                    principal=principal,
+                    stop=stop,
+                )
             )
             call.ended(result)
             logger.debug("call ended: %s in %d ms", call.outcome, result.duration_ms)
@@ -211,6 +221,7 @@ class App:
         session_id: str | None = None,
         progress: ProgressReport | None = None,
         principal: str = SOLE,
+        stop: anyio.Event | None = None,
     ) -> ExecutionResult:
         """Check the call, run the code (the policy first, when it is on), keep the record and
         copy output files out. The session is `principal`'s own: another principal's session of
@@ -228,13 +239,21 @@ class App:
             if (reason := self.refusal(code)) is not None:
                 result = ExecutionResult.failure("Rejected", reason, backend=self.backend.name)
             else:
-                result = await self.sessions.run(
-                    code,
-                    timeout=settings.clamp_timeout(timeout),
-                    session_id=key,
-                    progress=progress,
-                    principal=principal,
-                )
+                try:
+                    result = await self.sessions.run(
+                        code,
+                        timeout=settings.clamp_timeout(timeout),
+                        session_id=key,
+                        progress=progress,
+                        principal=principal,
+                        stop=stop,
+                    )
+                except CallStopped:
+                    result = ExecutionResult.failure(
+                        "Cancelled",
+                        "Cancelled by its caller before it started; nothing ran.",
+                        backend=self.backend.name,
+                    )
                 if notes := self.backend.notes_for(result):
                     result = result.model_copy(update={"notes": [*result.notes, *notes]})
         result = result.model_copy(update={"session_id": session_id})  # the caller's own name for it

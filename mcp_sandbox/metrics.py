@@ -29,6 +29,7 @@ WAIT_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 #: A result's error_type as a call's outcome; any other error_type is the program's own exception.
 OUTCOMES = {
     "Timeout": "timeout",
+    "Cancelled": "cancelled",
     "MemoryLimit": "memory_limit",
     "SandboxCrash": "crash",
     "Rejected": "rejected",
@@ -38,7 +39,7 @@ REFUSED = "refused"
 
 
 def outcome_of(result: ExecutionResult) -> str:
-    """ok, error (an exception in the program), timeout, memory_limit, crash or rejected."""
+    """ok, error (an exception in the program), timeout, cancelled, memory_limit, crash or rejected."""
     if result.success:
         return "ok"
     return OUTCOMES.get(result.error_type or "", "error")
@@ -90,8 +91,8 @@ class Metrics:
         registry = self.registry
         self.calls = Counter(
             "mcp_sandbox_calls",
-            "execute_python calls ended, by backend and outcome (ok, error, timeout, memory_limit, "
-            "crash, rejected, refused).",
+            "execute_python calls ended, by backend and outcome (ok, error, timeout, cancelled, "
+            "memory_limit, crash, rejected, refused).",
             ["backend", "outcome"],
             registry=registry,
         )

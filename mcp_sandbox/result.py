@@ -29,7 +29,7 @@ from mcp_sandbox.protocol import (
 )
 
 #: Failures that are not a Python exception of the program itself.
-SandboxErrorType = Literal["Timeout", "MemoryLimit", "SandboxCrash", "Rejected"]
+SandboxErrorType = Literal["Timeout", "Cancelled", "MemoryLimit", "SandboxCrash", "Rejected"]
 
 #: Validates what a guest reports: it is untrusted, and a field the protocol does not name is refused.
 GUEST_OUTCOME: TypeAdapter[GuestOutcome] = TypeAdapter(GuestOutcome)
@@ -177,7 +177,7 @@ class ExecutionResult(BaseModel):
     )
     error_type: str | None = Field(
         None,
-        description="The exception class name, or Timeout, MemoryLimit, SandboxCrash, Rejected; "
+        description="The exception class name, or Timeout, Cancelled, MemoryLimit, SandboxCrash, Rejected; "
         "null on success.",
     )
     error: str | None = Field(None, description="Error message with a traceback of the program's own frames.")

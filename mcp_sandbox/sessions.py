@@ -23,6 +23,7 @@ from mcp_sandbox.principals import SOLE, owner
 from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import Settings
+from mcp_sandbox.stopping import stopped_by
 from mcp_sandbox.store import Store, StoreError
 
 logger = logging.getLogger(__name__)
@@ -44,10 +45,12 @@ class ProgressRelay:
     def push(self, line: str) -> None:
         self._line = line
 
-    async def report_until_cancelled(self) -> None:
+    async def report_until_cancelled(self, stop: anyio.Event) -> None:
         started = time.monotonic()
         while True:
             await anyio.sleep(self._interval)
+            if stop.is_set():
+                return  # the caller went away: nobody to tell
             try:
                 await self._report(time.monotonic() - started, self._line)
             except Exception as error:  # noqa: BLE001 - a client that cannot take progress still gets its result
@@ -177,15 +180,20 @@ class Sessions:
         session_id: str | None = None,
         progress: ProgressReport | None = None,
         principal: str = SOLE,
+        stop: anyio.Event | None = None,
     ) -> ExecutionResult:
         """Run `code` on its own (no session) or in session `session_id` (a scoped name, which
-        `principal` owns). Raises PoolUnavailable, SessionLimitReached, SessionElsewhere, and
-        PrincipalLimitReached when the principal is at one of its limits."""
+        `principal` owns), until `stop` is set (the caller went away: the program is stopped as at
+        its timeout). Raises PoolUnavailable, SessionLimitReached, SessionElsewhere,
+        PrincipalLimitReached when the principal is at one of its limits, and CallStopped when
+        `stop` came before the program started."""
+        stop = stop or anyio.Event()
         if session_id is None:
             for _ in range(2):  # once more if the sandbox turns out to have died while it waited
-                executor = await self._ready_pool.acquire(lend=True, principal=principal)
+                async with stopped_by(stop):
+                    executor = await self._ready_pool.acquire(lend=True, principal=principal)
                 try:
-                    result = await self._run_in(executor, code, timeout, progress)
+                    result = await self._run_in(executor, code, timeout, progress, stop)
                 finally:
                     await self._ready_pool.release(executor, lent=True)
                 if not executor.found_dead:
@@ -206,19 +214,23 @@ class Sessions:
                     f"({self._settings.session_ttl:g} s)"
                 )
             session = self._sessions[session_id] = Session(session_id)
-        async with session.lock:
+        async with stopped_by(stop):
+            await session.lock.acquire()
+        try:
             try:
-                await self._leases.hold(session)
-                executor, resumed = await self._provide(session, principal)
-                result = await self._run_in(executor, code, timeout, progress)
+                async with stopped_by(stop):
+                    await self._leases.hold(session)
+                    executor, resumed = await self._provide(session, principal)
+                result = await self._run_in(executor, code, timeout, progress, stop)
                 if result.session_lost and executor.found_dead and resumed.said_nothing:
                     # Died between calls unnoticed until now: the program never started, so it runs
                     # in the sandbox the session gets instead, as if the death had been seen first.
                     await self._lose_sandbox(session)
                     if not session.calls:
                         session.to(SessionState.NEW)  # nothing had run in it: nothing is lost
-                    executor, resumed = await self._provide(session, principal)
-                    result = await self._run_in(executor, code, timeout, progress)
+                    async with stopped_by(stop):
+                        executor, resumed = await self._provide(session, principal)
+                    result = await self._run_in(executor, code, timeout, progress, stop)
                 if result.session_lost:
                     renewed = await self._lose_sandbox(session, keep_renewed=True)
                     resumed = await self._checkpoints.resume(session, renewed)
@@ -250,6 +262,8 @@ class Sessions:
                     await self._give_back(session.to(SessionState.NEW))
                 if session.executor is None:
                     await self._leases.release(session)
+        finally:
+            session.lock.release()
 
     async def _provide(self, session: Session, principal: str) -> tuple[Executor, Resumed]:
         """The session's live sandbox: its own, or a new one holding its checkpoint (or a clean
@@ -308,17 +322,22 @@ class Sessions:
                         handing_over.start_soon(self._checkpoints.hand_over, session)
 
     async def _run_in(
-        self, executor: Executor, code: str, timeout: float, progress: ProgressReport | None
+        self,
+        executor: Executor,
+        code: str,
+        timeout: float,
+        progress: ProgressReport | None,
+        stop: anyio.Event,
     ) -> ExecutionResult:
         if progress is None:
-            result = await executor.run(code, timeout)
+            result = await executor.run(code, timeout, stop)
             self._metrics.count_lost(result)
             return result
         relay = self._relays[executor] = ProgressRelay(progress, self._timings.progress_interval)
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(relay.report_until_cancelled)
-                result = await executor.run(code, timeout)
+                group.start_soon(relay.report_until_cancelled, stop)
+                result = await executor.run(code, timeout, stop)
                 group.cancel_scope.cancel()
         finally:
             del self._relays[executor]

@@ -30,6 +30,7 @@ from mcp_sandbox.protocol import (
 )
 from mcp_sandbox.result import ExecutionResult, SandboxErrorType, decode_base64
 from mcp_sandbox.settings import Settings
+from mcp_sandbox.stopping import cancel_when_set
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +309,10 @@ class Executor(ABC):
             raise RuntimeError("no execution is running")
         self._tool_calls.start_describe(call, query, limit, deliver)
 
-    async def run(self, code: str, timeout: float) -> ExecutionResult:
+    async def run(self, code: str, timeout: float, stop: anyio.Event | None = None) -> ExecutionResult:
+        """Run `code` for at most `timeout` seconds, or until `stop` is set (the caller went away),
+        whichever comes first; either way the program is interrupted, then killed if it ignores
+        that. Implementations never raise: what happened is in the result."""
         tools = self.hooks.tools
         manifest = None
         if tools is not None and tools.version != self._tools_version:
@@ -316,16 +320,41 @@ class Executor(ABC):
         async with anyio.create_task_group() as task_group:
             self._tool_calls = calls = ToolCalls(tools, task_group, self.limits.max_tool_calls)
             try:
-                result = await self._run(code, manifest, timeout)
+                result = await self._run(code, manifest, timeout, stop or anyio.Event())
             finally:
                 # Bridged calls still pending when the execution ends are cancelled and answered.
                 calls.cancel_all()
                 self._tool_calls = None
         return result
 
-    async def _run(self, code: str, manifest: str | None, timeout: float) -> ExecutionResult:
+    async def _outcome_within(self, seconds: float, stop: anyio.Event) -> GuestOutcome | None:
+        """The run's outcome, or None when `seconds` pass or `stop` is set first. Raises SandboxDied."""
+        outcome: GuestOutcome | SandboxDied | None = None
+        with anyio.move_on_after(seconds) as waiting:
+            async with anyio.create_task_group() as watching:
+                watching.start_soon(cancel_when_set, stop, waiting)
+                try:
+                    outcome = await self._await_outcome()
+                except SandboxDied as died:  # raised below, outside the group (unwrapped)
+                    outcome = died
+                watching.cancel_scope.cancel()
+        if isinstance(outcome, SandboxDied):
+            raise outcome
+        return outcome
+
+    async def _run(
+        self, code: str, manifest: str | None, timeout: float, stop: anyio.Event
+    ) -> ExecutionResult:
         started = time.perf_counter()
         grace = self.limits.grace
+
+        def stopped_why() -> tuple[SandboxErrorType, str]:
+            if stop.is_set():
+                return (
+                    "Cancelled",
+                    f"Execution was cancelled by its caller after {time.perf_counter() - started:.1f} s",
+                )
+            return "Timeout", f"Execution timed out after {timeout:g} s"
 
         def elapsed_ms() -> int:
             return int((time.perf_counter() - started) * 1000)
@@ -344,10 +373,10 @@ class Executor(ABC):
         def interrupted(outcome: ExecutionResult) -> ExecutionResult:
             if outcome.error_type != "KeyboardInterrupt":
                 return outcome  # it finished on its own just as the deadline passed
+            kind, why = stopped_why()
             return ExecutionResult.failure(
-                "Timeout",
-                f"Execution timed out after {timeout:g} s and was interrupted; "
-                "the session's variables are kept.",
+                kind,
+                f"{why} and was interrupted; the session's variables are kept.",
                 backend=self.backend,
                 duration_ms=elapsed_ms(),
                 stdout=outcome.stdout,
@@ -361,8 +390,8 @@ class Executor(ABC):
             except SandboxDied:
                 self.found_dead = True
                 raise
-            with anyio.move_on_after(timeout):
-                return finished(await self._await_outcome())
+            if (outcome := await self._outcome_within(timeout, stop)) is not None:
+                return finished(outcome)
             await self.interrupt()
             if self._tool_calls is not None:
                 self._tool_calls.cancel_all()
@@ -382,10 +411,11 @@ class Executor(ABC):
             if not (renewed and await self.renew()):
                 logger.warning("%s sandbox ignored the interrupt for %g s; killing it", self.backend, grace)
                 await self.close()
+            kind, why = stopped_why()
             return ExecutionResult.failure(
-                "Timeout",
-                f"Execution timed out after {timeout:g} s and did not stop when interrupted, "
-                "so it was killed; the session's variables are gone with it.",
+                kind,
+                f"{why} and did not stop when interrupted, so it was killed; "
+                "the session's variables are gone with it.",
                 backend=self.backend,
                 duration_ms=elapsed_ms(),
                 session_lost=True,
@@ -397,7 +427,7 @@ class Executor(ABC):
                 died.error_type, str(died), backend=self.backend, duration_ms=elapsed_ms(), session_lost=True
             )
         except anyio.get_cancelled_exc_class():
-            # The caller went away mid-run: the sandbox is in an unknown state, so it goes.
+            # Cancelled without a stop (the server shutting down): the sandbox's state is unknown, so it goes.
             with anyio.CancelScope(shield=True):
                 await self.close()
             raise
