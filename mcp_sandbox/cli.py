@@ -49,7 +49,7 @@ from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.server import build_server
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.version import __version__
-from mcp_sandbox.web import RoutingSessionId
+from mcp_sandbox.web import OneMessagePerPost, RoutingSessionId
 
 logger = logging.getLogger("mcp_sandbox")
 
@@ -241,7 +241,9 @@ async def serve(
             web_app: Any = server.sse_app(host=host)
         else:
             logger.info("serving MCP over streamable HTTP at http://%s:%d/mcp", host, port)
-            web_app = server.streamable_http_app(host=host, stateless_http=settings.stateless_http)
+            web_app = OneMessagePerPost(
+                server.streamable_http_app(host=host, stateless_http=settings.stateless_http)
+            )
             if settings.stateless_http:
                 web_app = RoutingSessionId(web_app)
         # JSON lines: uvicorn's loggers write through the root's handler (else uvicorn's own text).

@@ -14,12 +14,21 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp.shared.exceptions import MCPError
 from mcp.types import (
+    INVALID_PARAMS,
+    CallToolRequestParams,
     CallToolResult,
     ContentBlock,
     EmbeddedResource,
+    GetPromptRequestParams,
+    GetPromptResult,
     ImageContent,
+    InputRequiredResult,
+    ListPromptsResult,
     ListResourcesResult,
+    ListResourceTemplatesResult,
+    ListToolsResult,
     PaginatedRequestParams,
     Resource,
     ResourceLink,
@@ -237,15 +246,51 @@ def _without_refs(schema: dict[str, Any]) -> dict[str, Any]:
 class SandboxServer(MCPServer):
     """The SDK's server, listing its tools in fewer tokens (compact_schema): every agent reads
     the listing before its first call. execute_python's description is made at each listing:
-    what the sandbox imports changes while the server runs (packages arrive, or fail to)."""
+    what the sandbox imports changes while the server runs (packages arrive, or fail to).
+
+    A request that names what is not there (a tool, a prompt, a cursor) is the protocol error
+    -32602 (Invalid params), as the spec says, not a tool error, a traceback in the log and code 0."""
 
     def __init__(self, app: App, **options: Any) -> None:
         super().__init__("mcp-sandbox", **options)
         self._app = app
 
+    async def _handle_call_tool(
+        self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> CallToolResult | InputRequiredResult:
+        if self._tool_manager.get_tool(params.name) is None:
+            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}")
+        return await super()._handle_call_tool(ctx, params)
+
+    async def _handle_get_prompt(
+        self, ctx: ServerRequestContext[Any], params: GetPromptRequestParams
+    ) -> GetPromptResult | InputRequiredResult:
+        if params.name not in {prompt.name for prompt in await self.list_prompts()}:
+            raise MCPError(code=INVALID_PARAMS, message=f"Unknown prompt: {params.name}")
+        return await super()._handle_get_prompt(ctx, params)
+
+    async def _handle_list_tools(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        no_cursor(params)
+        return await super()._handle_list_tools(ctx, params)
+
+    async def _handle_list_prompts(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListPromptsResult:
+        no_cursor(params)
+        return await super()._handle_list_prompts(ctx, params)
+
+    async def _handle_list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListResourceTemplatesResult:
+        no_cursor(params)
+        return await super()._handle_list_resource_templates(ctx, params)
+
     async def _handle_list_resources(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListResourcesResult:
+        no_cursor(params)
         # The SDK's handler, plus the caller's own kept outputs: a listing is per principal.
         listed = await super()._handle_list_resources(ctx, params)
         principal = principal_of_request(ctx.request)
@@ -278,6 +323,15 @@ class SandboxServer(MCPServer):
             )
             for tool in await super().list_tools()
         ]
+
+
+def no_cursor(params: PaginatedRequestParams | None) -> None:
+    """Every listing is one page, so this server hands out no cursors: any cursor is invalid."""
+    if params is not None and params.cursor is not None:
+        raise MCPError(
+            code=INVALID_PARAMS,
+            message="Invalid cursor: this server lists everything in one page and hands out no cursors",
+        )
 
 
 def principal_of(ctx: Context) -> str:

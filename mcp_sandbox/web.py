@@ -1,11 +1,16 @@
 """ASGI middleware for the HTTP transports: routing keys for instances behind a load balancer
-(MCP_SANDBOX_STATELESS_HTTP). Bearer tokens are the MCP SDK's middleware, with principals.py's verifiers."""
+(MCP_SANDBOX_STATELESS_HTTP), and JSON-RPC's error for a body that is not one message. Bearer tokens
+are the MCP SDK's middleware, with principals.py's verifiers."""
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from mcp.types import INVALID_REQUEST, jsonrpc_message_adapter
+from pydantic import ValidationError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -39,3 +44,80 @@ class RoutingSessionId:
             await send(message)
 
         await self._app(scope, receive, send_with_key)
+
+
+#: What a POST whose body is JSON but not one JSON-RPC message is answered.
+INVALID_REQUEST_BODY = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": INVALID_REQUEST,
+            "message": "Invalid Request: the body must be one JSON-RPC request, notification or response "
+            "object (batches are not supported)",
+        },
+    }
+).encode()
+
+
+class OneMessagePerPost:
+    """ASGI middleware for streamable HTTP: a POST whose body is valid JSON but not one JSON-RPC
+    message (a batch, a bare value, an object that is no request, notification or response) gets
+    HTTP 400 with -32600 (Invalid Request), as JSON-RPC says; the SDK's 2025-11-25 transport
+    answers -32602 (Invalid params). Anything else, unparsable JSON included, goes on as it came."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self._app(scope, receive, send)
+            return
+        body, disconnected = await _read_body(receive)
+        if not disconnected and not _one_message(body):
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 400,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": INVALID_REQUEST_BODY})
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            if disconnected:
+                return {"type": "http.disconnect"}
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self._app(scope, replay, send)
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, bool]:
+    """The whole request body, and whether the client went away before it ended."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"".join(chunks), True
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks), False
+
+
+def _one_message(body: bytes) -> bool:
+    """Whether `body` is one JSON-RPC message, or not JSON at all (the SDK's parse error says so)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return True
+    try:
+        jsonrpc_message_adapter.validate_python(parsed, by_name=False)
+    except ValidationError:
+        return False
+    return True

@@ -3,11 +3,13 @@ get a clear MCP error while the server keeps serving."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from mcp import Client
+from mcp import Client, MCPError
+from mcp.types import INVALID_PARAMS
 
 from tests.helpers import call, in_memory
 
@@ -63,11 +65,6 @@ async def test_bad_arguments_get_a_clear_error(
     assert (await call(client, "'still serving'", session_id="survivor"))["result"] == "'still serving'"
 
 
-async def test_unknown_tool_is_an_error(client: Client) -> None:
-    response = await client.call_tool("no_such_tool", {})
-    assert response.is_error is True
-
-
 async def test_session_limit_is_a_clear_error(client: Client) -> None:
     # "survivor" from the tests above holds one of the two slots.
     await call(client, "1", session_id="survivor")
@@ -77,3 +74,30 @@ async def test_session_limit_is_a_clear_error(client: Client) -> None:
     assert "reset_session" in response.content[0].text  # type: ignore[union-attr]
     await client.call_tool("reset_session", {"session_id": "first"})
     assert (await call(client, "2", session_id="second"))["result"] == "2"
+
+
+async def test_an_unknown_tool_is_invalid_params(client: Client) -> None:
+    with pytest.raises(MCPError) as raised:
+        await client.call_tool("no_such_tool", {})
+    assert (
+        raised.value.error.code == INVALID_PARAMS
+        and "Unknown tool: no_such_tool" in raised.value.error.message
+    )
+
+
+async def test_an_unknown_prompt_is_invalid_params_and_logs_no_traceback(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG), pytest.raises(MCPError) as raised:
+        await client.get_prompt("no_such_prompt")
+    assert raised.value.error.code == INVALID_PARAMS and "Unknown prompt" in raised.value.error.message
+    assert not [record for record in caplog.records if record.exc_info], "a caller cannot fill the log"
+
+
+@pytest.mark.parametrize(
+    "listing", ["list_tools", "list_resources", "list_resource_templates", "list_prompts"]
+)
+async def test_a_cursor_this_server_never_handed_out_is_invalid_params(client: Client, listing: str) -> None:
+    with pytest.raises(MCPError) as raised:
+        await getattr(client, listing)(cursor="made-up")
+    assert raised.value.error.code == INVALID_PARAMS and "Invalid cursor" in raised.value.error.message

@@ -84,3 +84,26 @@ async def test_http_rejects_a_foreign_host_header() -> None:
 
     async with http_server("http") as (port, _):
         assert await anyio.to_thread.run_sync(post_with_foreign_host, port) in (403, 421)
+
+
+@pytest.mark.parametrize(
+    "body", ['[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]', "42", '{"jsonrpc": "2.0", "id": 1}']
+)
+async def test_a_body_that_is_not_one_message_is_an_invalid_request(body: str) -> None:
+    """JSON-RPC's -32600 (Invalid Request), with HTTP 400, for a batch or anything else that is JSON
+    but not one message; then the server goes on serving."""
+
+    def post(port: int) -> tuple[int, dict[str, object]]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        connection.request("POST", "/mcp", body=body, headers=headers)
+        response = connection.getresponse()
+        answer = (response.status, json.loads(response.read()))
+        connection.close()
+        return answer
+
+    async with http_server("http") as (port, _):
+        status, answer = await anyio.to_thread.run_sync(post, port)
+        assert status == 400 and answer["error"]["code"] == -32600, answer  # type: ignore[index]
+        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            assert (await call(client, "6 * 7"))["result"] == "42"
