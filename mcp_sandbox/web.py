@@ -62,9 +62,10 @@ INVALID_REQUEST_BODY = json.dumps(
 
 class OneMessagePerPost:
     """ASGI middleware for streamable HTTP: a POST whose body is valid JSON but not one JSON-RPC
-    message (a batch, a bare value, an object that is no request, notification or response) gets
-    HTTP 400 with -32600 (Invalid Request), as JSON-RPC says; the SDK's 2025-11-25 transport
-    answers -32602 (Invalid params). Anything else, unparsable JSON included, goes on as it came."""
+    message (a batch, a bare value, an object that is no request, notification or response) is
+    answered -32600 (Invalid Request), as JSON-RPC says, where the SDK's 2025-11-25 transport
+    answers -32602 (Invalid params). The SDK still answers first, so a request without a good
+    token is refused as such (401); only its 400 is rewritten. Anything else goes on as it came."""
 
     def __init__(self, app: ASGIApp) -> None:
         self._app = app
@@ -74,16 +75,7 @@ class OneMessagePerPost:
             await self._app(scope, receive, send)
             return
         body, disconnected = await _read_body(receive)
-        if not disconnected and not _one_message(body):
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 400,
-                    "headers": [(b"content-type", b"application/json")],
-                }
-            )
-            await send({"type": "http.response.body", "body": INVALID_REQUEST_BODY})
-            return
+        answer = send if disconnected or _one_message(body) else _as_invalid_request(send)
         replayed = False
 
         async def replay() -> Message:
@@ -95,7 +87,27 @@ class OneMessagePerPost:
                 return {"type": "http.disconnect"}
             return {"type": "http.request", "body": body, "more_body": False}
 
-        await self._app(scope, replay, send)
+        await self._app(scope, replay, answer)
+
+
+def _as_invalid_request(send: Send) -> Send:
+    """`send`, with a 400 response's body replaced by INVALID_REQUEST_BODY."""
+    rewriting = False
+
+    async def rewrite(message: Message) -> None:
+        nonlocal rewriting
+        if message["type"] == "http.response.start" and message["status"] == 400:
+            rewriting = True
+            headers = [(n, v) for n, v in message.get("headers", []) if n.lower() != b"content-length"]
+            length = (b"content-length", str(len(INVALID_REQUEST_BODY)).encode())
+            message = {**message, "headers": [*headers, length]}
+        elif message["type"] == "http.response.body" and rewriting:
+            if message.get("more_body", False):
+                return  # the SDK's own error text, dropped
+            message = {"type": "http.response.body", "body": INVALID_REQUEST_BODY}
+        await send(message)
+
+    return rewrite
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
