@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -53,26 +54,24 @@ def suite(version: str) -> list[str]:
     return [runtime, str(cli), "server", *VERSIONS[version]]
 
 
+@pytest.fixture(scope="module")
+async def server(anyio_backend: str) -> AsyncIterator[str]:
+    """The real server over streamable HTTP, on the default backend: its MCP endpoint."""
+    async with http_server() as (port, _):
+        yield f"http://127.0.0.1:{port}/mcp"
+
+
 @pytest.mark.parametrize("version", sorted(VERSIONS))
 async def test_every_scenario_passes_but_those_needing_the_suites_fixtures(
-    version: str, tmp_path: Path
+    version: str, server: str, tmp_path: Path
 ) -> None:
     command = suite(version)
     expected = TESTS / "conformance" / f"expected-failures-{version}.yml"
-    async with http_server() as (port, _):
-        with anyio.fail_after(300):
-            done = await anyio.run_process(
-                [
-                    *command,
-                    "--url",
-                    f"http://127.0.0.1:{port}/mcp",
-                    "--expected-failures",
-                    str(expected),
-                    "--output-dir",
-                    str(tmp_path),
-                ],
-                check=False,
-            )
+    with anyio.fail_after(300):
+        done = await anyio.run_process(
+            [*command, "--url", server, "--expected-failures", str(expected), "--output-dir", str(tmp_path)],
+            check=False,
+        )
     report = done.stdout.decode(errors="replace")
     summary = report[report.rfind("=== SUMMARY ===") :]
     assert done.returncode == 0, summary + done.stderr.decode(errors="replace")[-2000:]

@@ -279,6 +279,9 @@ ATTACKS: list[Attack] = [
         canary_intact,
         pyodide_only(MEMORY),
         session="memory",
+        # Filling arrays until the memory watchdog fires takes about 4.5 s alone: past the 5 s
+        # default on a loaded machine, where it timed out in a full run instead.
+        timeout=30,
     ),
     Attack(
         "raise_rlimit_then_allocate",
