@@ -37,7 +37,7 @@ def _output(result: ExecutionResult) -> list[str]:
 
 def _stream(result: ExecutionResult, name: str, text: str, link: str | None) -> str:
     """A stream as its lines. One cut at the source shows whole lines around one marker that says
-    how much is not shown and where all of it is."""
+    how much is not shown and where all of it is, all within the length the cut left."""
     found = _CUT.search(text) if result.truncated else None
     if found is None:
         return text.removesuffix("\n")
@@ -49,8 +49,34 @@ def _stream(result: ExecutionResult, name: str, text: str, link: str | None) -> 
     hidden = int(found.group(1).replace(",", "")) + partial + len(tail) - len(whole_tail)
     kept = result.artifacts.kept_output.get(name)
     where = f"; all {kept.total:,}: {link} (?first=N&last=M reads lines)" if link and kept else ""
+    heads = whole_head.split("\n") if whole_head else []
+    tails = whole_tail.removesuffix("\n").split("\n") if whole_tail.strip("\n") else []
+    # The marker's own length, with as many digits as it may come to, is within the budget too.
+    longest = f"... [{hidden + len(text):,} characters not shown{where}] ..."
+    hidden += _fit(heads, tails, len(text) - len(longest) - 1)
     marker = f"... [{hidden:,} characters not shown{where}] ..."
-    return "\n".join(part for part in (whole_head, marker, whole_tail.removesuffix("\n")) if part)
+    return "\n".join([*heads, marker, *tails])
+
+
+def _fit(heads: list[str], tails: list[str], budget: int) -> int:
+    """Take from the inner ends of `heads` and `tails`, the larger side first, until both fit in
+    `budget` characters with their line breaks: whole lines, or of a line longer than what is
+    over, only its inner part. Returns how many characters were taken."""
+    sizes = [sum(len(line) + 1 for line in heads), sum(len(line) + 1 for line in tails)]
+    taken = 0
+    while (over := sum(sizes) - budget) > 0 and (heads or tails):
+        index = 0 if heads and (sizes[0] >= sizes[1] or not tails) else 1
+        side, inner = (heads, -1) if index == 0 else (tails, 0)
+        line = side[inner]
+        if len(line) > over:
+            side[inner] = line[:-over] if index == 0 else line[over:]
+            cut = over
+        else:
+            side.pop(inner)
+            cut = len(line) + 1
+        sizes[index] -= cut
+        taken += cut
+    return taken
 
 
 def _ending(result: ExecutionResult) -> list[str]:

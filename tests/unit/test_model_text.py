@@ -56,6 +56,25 @@ def test_a_cut_without_a_link_still_says_how_much_is_not_shown() -> None:
     assert shown == [line for line in whole.splitlines() if line in shown], "whole lines, in order"
 
 
+def test_a_cut_stream_reads_within_the_length_the_cut_left() -> None:
+    link = "sandbox://kept/abcdefghijklmnop/stdout"
+    lines, one_line = "".join(f"line {n}\n" for n in range(5000)), "x" * 100_000 + "\n"
+    for whole in (lines, one_line):
+        cut, _ = cap_text(whole, 2000)
+        kept = result(stdout=cut, truncated=True, stdout_uri=link)
+        kept.artifacts.kept_output["stdout"] = KeptOutput(whole, len(whole))
+        text = model_text(kept)
+        assert len(text) <= len(cut) and link in text, (len(text), len(cut))
+        marker = next(line for line in text.splitlines() if link in line)
+        hidden = int(marker.split("... [")[1].split()[0].replace(",", ""))
+        shown = [line for line in text.splitlines() if line != marker]
+        # Every character is shown or counted: whole lines with their newline; one long line's part.
+        shown_characters = (
+            sum(len(line) + 1 for line in shown) if whole is lines else text.count("x") - marker.count("x")
+        )
+        assert hidden == len(whole) - shown_characters, (hidden, len(whole), shown_characters)
+
+
 def test_a_cut_with_its_link_names_it_once() -> None:
     link = "sandbox://kept/abc/stdout"
     cut, _ = cap_text("x" * 500 + "\n" + "y" * 500 + "\n", 200)
