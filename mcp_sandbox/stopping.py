@@ -44,7 +44,7 @@ async def stopped_by(stop: anyio.Event) -> AsyncIterator[None]:
     error: Exception | None = None
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as watching:
-            watching.start_soon(cancel_when_set, stop, scope)
+            watching.start_soon(_cancel_when_set, stop, scope)
             try:
                 yield
             except Exception as raised:  # noqa: BLE001 - raised below, outside the group (unwrapped)
@@ -56,7 +56,7 @@ async def stopped_by(stop: anyio.Event) -> AsyncIterator[None]:
         raise CallStopped
 
 
-async def cancel_when_set(stop: anyio.Event, scope: anyio.CancelScope) -> None:
+async def _cancel_when_set(stop: anyio.Event, scope: anyio.CancelScope) -> None:
     """Cancel `scope` once `stop` is set (run it in a task)."""
     await stop.wait()
     scope.cancel()

@@ -30,7 +30,7 @@ from mcp_sandbox.protocol import (
 )
 from mcp_sandbox.result import ExecutionResult, SandboxErrorType, decode_base64
 from mcp_sandbox.settings import Settings
-from mcp_sandbox.stopping import cancel_when_set
+from mcp_sandbox.stopping import CallStopped, stopped_by
 
 logger = logging.getLogger(__name__)
 
@@ -329,18 +329,13 @@ class Executor(ABC):
 
     async def _outcome_within(self, seconds: float, stop: anyio.Event) -> GuestOutcome | None:
         """The run's outcome, or None when `seconds` pass or `stop` is set first. Raises SandboxDied."""
-        outcome: GuestOutcome | SandboxDied | None = None
-        with anyio.move_on_after(seconds) as waiting:
-            async with anyio.create_task_group() as watching:
-                watching.start_soon(cancel_when_set, stop, waiting)
-                try:
-                    outcome = await self._await_outcome()
-                except SandboxDied as died:  # raised below, outside the group (unwrapped)
-                    outcome = died
-                watching.cancel_scope.cancel()
-        if isinstance(outcome, SandboxDied):
-            raise outcome
-        return outcome
+        with anyio.move_on_after(seconds):
+            try:
+                async with stopped_by(stop):
+                    return await self._await_outcome()
+            except CallStopped:
+                pass
+        return None
 
     async def _run(
         self, code: str, manifest: str | None, timeout: float, stop: anyio.Event
