@@ -4,12 +4,13 @@ thing that is not the usual. The structured content keeps every field for progra
 from __future__ import annotations
 
 import re
+from typing import get_args
 
 from mcp_sandbox.protocol import TRUNCATION_MARKER
-from mcp_sandbox.result import ExecutionResult
+from mcp_sandbox.result import ExecutionResult, SandboxErrorType
 
 #: Outcomes of the sandbox rather than of the program: their `error` is a sentence, not a traceback.
-SANDBOX_OUTCOMES = frozenset({"Timeout", "Cancelled", "MemoryLimit", "SandboxCrash", "Rejected"})
+SANDBOX_OUTCOMES = frozenset(get_args(SandboxErrorType))
 #: What a result that printed, returned and said nothing reads as.
 NOTHING = "(no output)"
 #: The marker the guest puts where it cut a stream (protocol.cap_text), with the count it says.
@@ -20,8 +21,8 @@ _TRACEBACK_NOISE = re.compile(r"^(Traceback \(most recent call last\):|\s*[~^]+\
 
 def model_text(result: ExecutionResult) -> str:
     """The result as lines: stdout, stderr under a marker, the error or the final value, then a
-    bracketed line for each unusual fact (a restore or a loss, files, figures, notes: a cut
-    output's link among them)."""
+    bracketed line for each unusual fact (a restore or a loss, files, figures, notes; a cut
+    output's link is in its marker)."""
     parts = [*_output(result), *_ending(result), *_unusual(result)]
     return "\n".join(parts) if parts else NOTHING
 
