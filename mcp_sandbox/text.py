@@ -61,15 +61,16 @@ def _stream(result: ExecutionResult, name: str, text: str, link: str | None) -> 
 
 def _fit(heads: list[str], tails: list[str], budget: int) -> int:
     """Take from the inner ends of `heads` and `tails`, the larger side first, until both fit in
-    `budget` characters with their line breaks: whole lines, or of a line longer than what is
-    over, only its inner part. Returns how many characters were taken."""
+    `budget` characters with their line breaks: whole lines, or only the inner part of a side's
+    last line, so no partial line reads as a line of its own. Returns how many characters were
+    taken."""
     sizes = [sum(len(line) + 1 for line in heads), sum(len(line) + 1 for line in tails)]
     taken = 0
     while (over := sum(sizes) - budget) > 0 and (heads or tails):
         index = 0 if heads and (sizes[0] >= sizes[1] or not tails) else 1
         side, inner = (heads, -1) if index == 0 else (tails, 0)
         line = side[inner]
-        if len(line) > over:
+        if len(line) > over and len(side) == 1:
             side[inner] = line[:-over] if index == 0 else line[over:]
             cut = over
         else:

@@ -58,8 +58,9 @@ def test_a_cut_without_a_link_still_says_how_much_is_not_shown() -> None:
 
 def test_a_cut_stream_reads_within_the_length_the_cut_left() -> None:
     link = "sandbox://kept/abcdefghijklmnop/stdout"
-    lines, one_line = "".join(f"line {n}\n" for n in range(5000)), "x" * 100_000 + "\n"
-    for whole in (lines, one_line):
+    lines = ["".join(f"line {n}\n" for n in range(count)) for count in (1000, 5000)]
+    one_line = "x" * 100_000 + "\n"
+    for whole in (*lines, one_line):
         cut, _ = cap_text(whole, 2000)
         kept = result(stdout=cut, truncated=True, stdout_uri=link)
         kept.artifacts.kept_output["stdout"] = KeptOutput(whole, len(whole))
@@ -70,9 +71,11 @@ def test_a_cut_stream_reads_within_the_length_the_cut_left() -> None:
         shown = [line for line in text.splitlines() if line != marker]
         # Every character is shown or counted: whole lines with their newline; one long line's part.
         shown_characters = (
-            sum(len(line) + 1 for line in shown) if whole is lines else text.count("x") - marker.count("x")
+            sum(len(line) + 1 for line in shown) if whole in lines else text.count("x") - marker.count("x")
         )
         assert hidden == len(whole) - shown_characters, (hidden, len(whole), shown_characters)
+        if whole in lines:
+            assert set(shown) <= set(whole.splitlines()), "no part of a line reads as a line"
 
 
 def test_a_cut_with_its_link_names_it_once() -> None:
