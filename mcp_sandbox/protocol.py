@@ -97,6 +97,7 @@ GUEST_MODULES = (
     "mcp_sandbox.guest.program",
     "mcp_sandbox.guest.tools",
     "mcp_sandbox.guest.artifacts",
+    "mcp_sandbox.guest.tables",
     "mcp_sandbox.guest.interpreter",
     "mcp_sandbox.guest.checkpoint",
     "mcp_sandbox.guest.readonly",
@@ -116,6 +117,10 @@ MAX_SCANNED_FILES = 10_000
 MAX_OUTPUT_PATH_CHARS = 1024
 #: Notes a guest may attach to one outcome, each at most MAX_NOTE_CHARS.
 MAX_NOTES, MAX_NOTE_CHARS = 10, 500
+#: Of the DataFrames and Series a run shows (display() and its final value), what is sent as data for
+#: a notebook view: this many tables, each this many rows (head and tail) and columns, and of a
+#: cell, a label or a type this many characters.
+MAX_TABLES, MAX_TABLE_ROWS, MAX_TABLE_COLUMNS, MAX_CELL_CHARS = 8, 100, 50, 100
 #: Room for the truncation marker when a guest caps a text field itself.
 MARKER_SLACK = 100
 TRUNCATION_MARKER = "\n... [{cut:,} characters truncated] ...\n"
@@ -187,6 +192,23 @@ class KeptText(TypedDict):
     total: int
 
 
+class GuestTable(TypedDict):
+    """A DataFrame or Series a run showed, as data: ``source`` is display (``printed``: the span of
+    stdout its text took, when stdout was not cut) or value (the final value); ``positions``: the
+    row numbers, in the whole table, of the head and tail rows sent."""
+
+    kind: Literal["DataFrame", "Series"]
+    source: Literal["display", "value"]
+    shape: list[int]
+    columns: list[str]
+    dtypes: list[str]
+    index_name: str | None
+    index: list[str]
+    rows: list[list[int | float | str | bool | None]]
+    positions: list[int]
+    printed: list[int] | None
+
+
 class GuestOutcome(TypedDict):
     """What the sandbox reports about one run. Untrusted: the host validates it."""
 
@@ -200,6 +222,7 @@ class GuestOutcome(TypedDict):
     files: NotRequired[list[GuestFile]]
     figures: NotRequired[list[str]]
     notes: NotRequired[list[str]]
+    tables: NotRequired[list[GuestTable]]
     #: Only for a stream that was cut.
     kept_stdout: NotRequired[KeptText]
     kept_stderr: NotRequired[KeptText]

@@ -18,12 +18,17 @@ from pydantic import BaseModel, Field, PrivateAttr, TypeAdapter
 
 from mcp_sandbox.protocol import (
     MARKER_SLACK,
+    MAX_CELL_CHARS,
     MAX_NOTE_CHARS,
     MAX_NOTES,
     MAX_OUTPUT_PATH_CHARS,
+    MAX_TABLE_COLUMNS,
+    MAX_TABLE_ROWS,
+    MAX_TABLES,
     OUTPUT_DIR,
     GuestFile,
     GuestOutcome,
+    GuestTable,
     OutputLimits,
     cap_text,
 )
@@ -84,6 +89,8 @@ class Artifacts:
     figures: list[bytes] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
     kept_output: dict[str, KeptOutput] = field(default_factory=dict)
+    #: The DataFrames and Series the run showed, as data for a notebook view (not for the model).
+    tables: list[GuestTable] = field(default_factory=list)
 
 
 def kept_output(reported: object, limit: int) -> KeptOutput | None:
@@ -96,6 +103,30 @@ def kept_output(reported: object, limit: int) -> KeptOutput | None:
         return None
     text = text[:limit].encode("utf-8", "replace").decode("utf-8")
     return KeptOutput(text, max(total, len(text)))
+
+
+def table_within_caps(table: GuestTable) -> GuestTable:
+    """A table as the guest reported it (already of the protocol's types), within the caps on
+    rows, columns and characters, its text valid UTF-8, whatever the guest sent."""
+    columns = min(len(table["columns"]), MAX_TABLE_COLUMNS)
+    rows = table["rows"][:MAX_TABLE_ROWS]
+    printed = table["printed"]
+    return {
+        "kind": table["kind"],
+        "source": table["source"],
+        "shape": [max(0, number) for number in table["shape"][:2]],
+        "columns": [_text(label) for label in table["columns"][:columns]],
+        "dtypes": [_text(label) for label in table["dtypes"][:columns]],
+        "index_name": None if table["index_name"] is None else _text(table["index_name"]),
+        "index": [_text(label) for label in table["index"][: len(rows)]],
+        "rows": [[_text(cell) if isinstance(cell, str) else cell for cell in row[:columns]] for row in rows],
+        "positions": table["positions"][: len(rows)],
+        "printed": printed[:2] if printed is not None and len(printed) >= 2 else None,
+    }
+
+
+def _text(text: str) -> str:
+    return text[:MAX_CELL_CHARS].encode("utf-8", "replace").decode("utf-8")
 
 
 def mime_type(name: str) -> str:
@@ -313,6 +344,7 @@ class ExecutionResult(BaseModel):
                 f"{len(files) - limits['max_files']} files over MCP_SANDBOX_MAX_OUTPUT_FILES left out"
             )
         self.files, self.figures, self.notes = listed, len(self.artifacts.figures), notes
+        self.artifacts.tables = [table_within_caps(table) for table in outcome.get("tables", [])[:MAX_TABLES]]
 
     def save_files(self, output_dir: Path) -> None:
         """Copy the output files to `output_dir`/<session or one-off>/, noting any that cannot be."""

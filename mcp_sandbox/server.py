@@ -9,6 +9,7 @@ import base64
 import json
 from typing import Annotated, Any, Literal
 
+from mcp.server.apps import client_supports_apps
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
@@ -53,6 +54,7 @@ from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import ResultTextName, Settings
 from mcp_sandbox.text import model_text
 from mcp_sandbox.version import __version__
+from mcp_sandbox.view import VIEW_URI, view_extension, view_html, view_meta
 
 #: Output text files up to this size also come back as embedded resources.
 INLINE_TEXT_BYTES = 64 * 1024
@@ -132,10 +134,13 @@ def search_answer(specs: list[ToolSpec], total: int, detail: SearchDetail = "bri
     )
 
 
-def tool_result(result: ExecutionResult, form: ResultTextName = "compact") -> CallToolResult:
+def tool_result(
+    result: ExecutionResult, form: ResultTextName = "compact", for_view: bool = False
+) -> CallToolResult:
     """The MCP form of a result: the text the model reads (model_text, or with "json" the
     structured content's JSON), then figures and output images as image content, and small text
-    files as embedded resources; every field as structured content."""
+    files as embedded resources; every field as structured content; `for_view` (a client that
+    shows the notebook view): its tables as data in `_meta`, where the model does not read."""
     first = model_text(result) if form == "compact" else result.model_dump_json()
     content: list[ContentBlock] = [TextContent(type="text", text=first)]
     for figure in result.artifacts.figures:
@@ -166,7 +171,11 @@ def tool_result(result: ExecutionResult, form: ResultTextName = "compact") -> Ca
                     size=len(kept.text.encode("utf-8")),
                 )
             )
-    return CallToolResult(content=content, structured_content=result.model_dump(mode="json"))
+    return CallToolResult(
+        content=content,
+        structured_content=result.model_dump(mode="json"),
+        _meta=view_meta(result) if for_view else None,
+    )
 
 
 def _image(data: bytes, mime: str) -> ImageContent:
@@ -180,11 +189,11 @@ def _is_text(mime: str) -> bool:
 def execute_python_description(app: App) -> str:
     s = app.settings
     return (
-        "Run Python in a sandbox as a REPL cell: you read what it prints and its last expression's value; "
-        f"top-level await works. {app.backend.summary()} A session_id's variables last until it is idle "
-        f"{s.session_ttl:g} s (reset_session ends it). Timeout {s.timeout:g} s, at most {s.max_timeout:g}. "
-        f"Output past {s.max_output_chars:,} characters is cut, the whole kept behind a link."
-        + bridge_description(app)
+        "Run Python in a sandbox as a REPL cell: you read what it prints (display(x) too) and its last "
+        f"expression's value; top-level await works. {app.backend.summary()} A session_id's variables "
+        f"last until it is idle {s.session_ttl:g} s (reset_session ends it). Timeout {s.timeout:g} s, "
+        f"at most {s.max_timeout:g}. Output past {s.max_output_chars:,} characters is cut, the whole "
+        "kept behind a link." + bridge_description(app)
     )
 
 
@@ -364,8 +373,10 @@ def auth_settings(settings: Settings) -> AuthSettings:
 def build_server(app: App, verifier: Verifier | None = None) -> MCPServer:
     """An MCP server whose tools run code through `app`; over HTTP, every request needs a bearer
     token `verifier` accepts (None: none is asked for)."""
+    html = view_html()
     server: MCPServer = SandboxServer(
         app,
+        extensions=[view_extension(html)] if html is not None else None,
         token_verifier=verifier,
         auth=auth_settings(app.settings) if verifier is not None else None,
         version=__version__,
@@ -400,7 +411,7 @@ def build_server(app: App, verifier: Verifier | None = None) -> MCPServer:
             )
         except Refused as error:
             raise ToolError(str(error)) from None
-        return tool_result(result, app.settings.result_text)
+        return tool_result(result, app.settings.result_text, client_supports_apps(ctx))
 
     async def reset_session(
         ctx: Context,
@@ -450,6 +461,7 @@ def build_server(app: App, verifier: Verifier | None = None) -> MCPServer:
         execute_python,
         description=execute_python_description(app),
         annotations=ToolAnnotations(title="Run Python", open_world_hint=False),
+        meta={"ui": {"resourceUri": VIEW_URI}} if html is not None else None,
     )
     if app.bridge is not None:
         server.add_tool(

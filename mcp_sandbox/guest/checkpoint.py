@@ -12,7 +12,7 @@ from mcp_sandbox.guest.interpreter import Interpreter
 from mcp_sandbox.protocol import CHECKPOINT_FOLDER, DATA_DIR, OUTPUT_DIR
 
 #: Names every interpreter has from the start; a restore keeps the new sandbox's own.
-_OWN_NAMES = frozenset({"__builtins__", "tools", "ToolError"})
+_OWN_NAMES = frozenset({"__builtins__", "tools", "ToolError", "display"})
 #: Folders of the working directory a checkpoint leaves out: per call, the host's, its own.
 _NOT_SAVED = frozenset({OUTPUT_DIR, DATA_DIR, CHECKPOINT_FOLDER})
 

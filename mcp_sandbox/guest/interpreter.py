@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from mcp_sandbox.guest.artifacts import collect_figures, collect_files, scan_output
 from mcp_sandbox.guest.capture import NO_INPUT, CappedText
 from mcp_sandbox.guest.program import CELL_PREFIX, Program, outcome_of
+from mcp_sandbox.guest.tables import Display
 from mcp_sandbox.guest.tools import ToolChannel, ToolError, Tools, build_tools
 from mcp_sandbox.protocol import GuestLimits, GuestOutcome, OutputLimits
 
@@ -33,6 +34,8 @@ class Interpreter:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self.namespace["tools"] = Tools({})
         self.namespace["ToolError"] = ToolError
+        self.display = Display()
+        self.namespace["display"] = self.display
         self.cells = 0
         self.limits = limits
         self.channel = channel
@@ -68,6 +71,8 @@ class Interpreter:
         self._output_after = after = scan_output()
         files = collect_files(before, after, output["max_files"], budget, self.inline_files, notes)
         outcome["figures"], outcome["files"], outcome["notes"] = figures, files, notes
+        if tables := self.display.take(notes):
+            outcome["tables"] = tables
         return outcome
 
     def adopt(self, variables: dict[str, Any], cells: int) -> None:
@@ -82,6 +87,7 @@ class Interpreter:
         max_output_chars, keep = self.limits["max_output_chars"], self.limits["max_kept_output_chars"]
         stdout = CappedText(max_output_chars, report, keep)
         stderr = CappedText(max_output_chars, report, keep)
+        self.display.begin(stdout)
         try:
             program = Program(code, f"{CELL_PREFIX}{self.cells}>")
         except BaseException as error:  # noqa: BLE001 - a SyntaxError is the caller's outcome
@@ -93,6 +99,7 @@ class Interpreter:
                 value = program.run(self.namespace)
         except BaseException as error:  # noqa: BLE001 - every failure is reported, not raised
             return outcome_of(stdout, stderr, max_output_chars, error=_as_interrupt(error))
+        self.display.show(value, "value")
         return outcome_of(stdout, stderr, max_output_chars, value=value)
 
     async def _run_async(
@@ -103,6 +110,7 @@ class Interpreter:
                 value = await program.run_async(self.namespace)
         except BaseException as error:  # noqa: BLE001 - every failure is reported, not raised
             return outcome_of(stdout, stderr, max_output_chars, error=_as_interrupt(error))
+        self.display.show(value, "value")
         return outcome_of(stdout, stderr, max_output_chars, value=value)
 
     @contextmanager

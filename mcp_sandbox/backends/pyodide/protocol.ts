@@ -42,6 +42,19 @@ export type KeptText = {
   total: number;
 };
 
+export type GuestTable = {
+  kind: "DataFrame" | "Series";
+  source: "display" | "value";
+  shape: number[];
+  columns: string[];
+  dtypes: string[];
+  index_name: string | null;
+  index: string[];
+  rows: ((number | string | boolean | null)[])[];
+  positions: number[];
+  printed: number[] | null;
+};
+
 export type GuestOutcome = {
   success: boolean;
   stdout: string;
@@ -53,6 +66,7 @@ export type GuestOutcome = {
   files?: GuestFile[];
   figures?: string[];
   notes?: string[];
+  tables?: GuestTable[];
   kept_stdout?: KeptText;
   kept_stderr?: KeptText;
 };

@@ -51,6 +51,7 @@ TYPES = (
     "GuestLimits",
     "GuestFile",
     "KeptText",
+    "GuestTable",
     "GuestOutcome",
     "InitMessage",
     "RunMessage",
@@ -110,7 +111,7 @@ def _ts(annotation: Any) -> str:
     if origin is Literal:
         return " | ".join(_literal(value) for value in args)
     if origin in (Union, types.UnionType):
-        return " | ".join(_ts(arg) for arg in args)
+        return " | ".join(dict.fromkeys(_ts(arg) for arg in args))  # int | float: one number
     if origin is list:
         inner = _ts(args[0])
         return f"({inner})[]" if " | " in inner else f"{inner}[]"
