@@ -1,6 +1,7 @@
-"""The whole of each cut stdout and stderr, kept readable through a link in the result
-(`sandbox://kept/<call>/stdout`): for as long as the call's session lives, or `ttl` seconds for a
-session-less call, within a byte cap that drops the oldest first and says so."""
+"""The whole of each cut stdout and stderr, and each file a call wrote, kept readable through a
+link in the result (`sandbox://kept/<call>/stdout`, `sandbox://kept/<call>/files/<name>`): for as
+long as the call's session lives, or `ttl` seconds for a session-less call, within a byte cap that
+drops the oldest first and says so."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from mcp_sandbox.result import ExecutionResult, KeptOutput
 
 URI_PREFIX = "sandbox://kept/"
 URI_TEMPLATE = URI_PREFIX + "{call}/{stream}{?first,last}"
+#: A kept file's link: its name under output/, percent-encoded (slashes too), so it is one segment.
+FILE_URI_TEMPLATE = URI_PREFIX + "{call}/files/{name}"
 STREAMS = ("stdout", "stderr")
 #: Dropped calls remembered, so a dead link says why it is dead rather than "unknown".
 REMEMBERED_DROPS = 1000
@@ -31,6 +34,8 @@ class _Entry:
     #: The session it lives with, by its name inside the server (None: a session-less call's).
     session_key: str | None
     streams: dict[str, KeptOutput]
+    #: The files the call wrote, by their name under output/.
+    files: dict[str, bytes]
     #: monotonic time it expires (session-less), or None (it lives with its session).
     expires: float | None
     size: int
@@ -67,7 +72,7 @@ class KeptOutputs:
         `principal`'s, living with its session (`session_key`, its name inside the server, when
         that is not the result's `session_id`)."""
         kept = result.artifacts.kept_output
-        if not kept or not self._max_bytes:
+        if not (kept or result.files) or not self._max_bytes:
             return
         self._prune()
         call = secrets.token_urlsafe(12)  # unguessable: a link is as private as the session
@@ -83,7 +88,15 @@ class KeptOutputs:
             streams[stream] = KeptOutput(text, output.total)
             setattr(result, f"{stream}_uri", f"{URI_PREFIX}{call}/{stream}")
             result.notes.append(self._describe(stream, streams[stream], call, result.session_id))
-        size = sum(_size(output.text) for output in streams.values())
+        files: dict[str, bytes] = {}
+        for file in result.files:
+            data = result.artifacts.files.get(file.name)
+            if data is None or len(data) > room:
+                continue  # a file is kept whole or not at all
+            room -= len(data)
+            files[file.name] = data
+            file.uri = f"{URI_PREFIX}{call}/files/{quote(file.name, safe='')}"
+        size = sum(_size(output.text) for output in streams.values()) + sum(map(len, files.values()))
         dropped = 0
         while self._entries and self._bytes + size > self._max_bytes:
             self._drop_oldest("dropped to keep MCP_SANDBOX_MAX_KEPT_OUTPUT_MB")
@@ -95,7 +108,7 @@ class KeptOutputs:
             )
         key = session_key if session_key is not None else result.session_id
         expires = None if key else time.monotonic() + self._ttl
-        self._entries[call] = _Entry(principal, key, streams, expires, size)
+        self._entries[call] = _Entry(principal, key, streams, files, expires, size)
         self._bytes += size
 
     def links(self, principal: str) -> list[tuple[str, int]]:
@@ -126,6 +139,34 @@ class KeptOutputs:
     ) -> str:
         """Lines `first` to `last` (from 1; negative counts from the end) of `principal`'s kept
         stream, or all of it. Raises KeptOutputMissing, or ValueError for a line number of 0."""
+        entry = self._entry(call, principal)
+        output = entry.streams.get(stream)
+        if output is None:
+            raise KeptOutputMissing(
+                f"{stream!r} of that call was not cut; kept: {', '.join(entry.streams) or 'nothing'}"
+            )
+        if first is None and last is None:
+            return output.text
+        if first == 0 or last == 0:
+            raise ValueError("lines are numbered from 1, or from -1 at the end")
+        lines = output.text.splitlines(keepends=True)
+        start = 0 if first is None else (first - 1 if first > 0 else max(len(lines) + first, 0))
+        stop = len(lines) if last is None else (last if last > 0 else len(lines) + last + 1)
+        return "".join(lines[start:stop])
+
+    def read_file(self, call: str, name: str, principal: str = "") -> bytes:
+        """`principal`'s kept file `name` (as its link has it, percent-encoded) of `call`. Raises
+        KeptOutputMissing."""
+        entry = self._entry(call, principal)
+        data = entry.files.get(unquote(name))
+        if data is None:
+            raise KeptOutputMissing(
+                f"that call kept no file {unquote(name)!r}; kept: {', '.join(entry.files) or 'no file'}"
+            )
+        return data
+
+    def _entry(self, call: str, principal: str) -> _Entry:
+        """`principal`'s entry of `call`. Raises KeptOutputMissing, saying why it is not there."""
         self._prune()
         entry = self._entries.get(call)
         if entry is not None and entry.principal != principal:
@@ -144,19 +185,7 @@ class KeptOutputs:
                 if why
                 else f"nothing is kept as {URI_PREFIX}{call}: the link is mistyped, or from before a restart"
             )
-        output = entry.streams.get(stream)
-        if output is None:
-            raise KeptOutputMissing(
-                f"{stream!r} of that call was not cut; kept: {', '.join(entry.streams) or 'nothing'}"
-            )
-        if first is None and last is None:
-            return output.text
-        if first == 0 or last == 0:
-            raise ValueError("lines are numbered from 1, or from -1 at the end")
-        lines = output.text.splitlines(keepends=True)
-        start = 0 if first is None else (first - 1 if first > 0 else max(len(lines) + first, 0))
-        stop = len(lines) if last is None else (last if last > 0 else len(lines) + last + 1)
-        return "".join(lines[start:stop])
+        return entry
 
     def read_uri(self, uri: str, principal: str = "") -> str:
         """`read` for a link as a result gives it, with ?first=N&last=M or not. Raises

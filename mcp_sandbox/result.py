@@ -70,6 +70,9 @@ class OutputFile(BaseModel):
     saved_to: str | None = Field(
         None, description="Where the server copied it, when MCP_SANDBOX_OUTPUT_DIR is set."
     )
+    uri: str | None = Field(
+        None, description="A resource link to its bytes while the server keeps it (as a cut output's)."
+    )
 
 
 @dataclass(frozen=True)

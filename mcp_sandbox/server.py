@@ -46,8 +46,8 @@ from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App
 from mcp_sandbox.bridge.catalog import NO_MATCH, ToolSpec
 from mcp_sandbox.bridge.stubs import stubs
 from mcp_sandbox.errors import Refused
+from mcp_sandbox.kept import FILE_URI_TEMPLATE, URI_TEMPLATE, KeptOutputMissing, line_number
 from mcp_sandbox.kept import URI_PREFIX as KEPT_PREFIX
-from mcp_sandbox.kept import URI_TEMPLATE, KeptOutputMissing, line_number
 from mcp_sandbox.metrics import CONTENT_TYPE
 from mcp_sandbox.principals import SOLE, Caller, Verifier
 from mcp_sandbox.result import ExecutionResult
@@ -149,14 +149,29 @@ def tool_result(
         data = result.artifacts.files[file.name]
         if file.mime_type in IMAGE_TYPES:
             content.append(_image(data, file.mime_type))
-        elif len(data) <= INLINE_TEXT_BYTES and _is_text(file.mime_type):
+            continue
+        if len(data) <= INLINE_TEXT_BYTES and _is_text(file.mime_type):
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError:
+                text = None
+            if text is not None:
+                uri = f"sandbox://output/{file.name}"
+                resource = TextResourceContents(uri=uri, mime_type=file.mime_type, text=text)
+                content.append(EmbeddedResource(type="resource", resource=resource))
                 continue
-            uri = f"sandbox://output/{file.name}"
-            resource = TextResourceContents(uri=uri, mime_type=file.mime_type, text=text)
-            content.append(EmbeddedResource(type="resource", resource=resource))
+        if file.uri is not None:
+            description = f"output/{file.name}, a file the call wrote"
+            content.append(
+                ResourceLink(
+                    type="resource_link",
+                    name=file.name,
+                    uri=file.uri,
+                    mime_type=file.mime_type,
+                    description=description,
+                    size=file.size,
+                )
+            )
     for stream, link in (("stdout", result.stdout_uri), ("stderr", result.stderr_uri)):
         if link is not None:
             kept = result.artifacts.kept_output[stream]
@@ -456,6 +471,19 @@ def build_server(app: App, verifier: Verifier | None = None) -> MCPServer:
             raise ResourceNotFoundError(str(error)) from None
         except ValueError as error:
             raise ResourceError(str(error)) from None
+
+    @server.resource(
+        FILE_URI_TEMPLATE,
+        name="kept_file",
+        title="A file a call wrote",
+        description="The bytes of a file a call wrote to output/ (its files[].uri), while kept.",
+        mime_type="application/octet-stream",
+    )
+    def kept_file(ctx: Context, call: str, name: str) -> bytes:
+        try:
+            return app.kept.read_file(call, name, principal_of(ctx))
+        except KeptOutputMissing as error:
+            raise ResourceNotFoundError(str(error)) from None
 
     server.add_tool(
         execute_python,

@@ -4,6 +4,7 @@ for every client, and a client without Apps gets no `_meta` data."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -106,3 +107,15 @@ async def test_a_cut_stdout_keeps_its_tables_without_spans(clients: tuple[Client
     response = await run(viewer, code)
     (table,) = response.meta[TABLES_KEY]
     assert response.structured_content["truncated"] and table["printed"] is None
+
+
+async def test_a_written_file_can_be_read_back_through_its_link(clients: tuple[Client, Client]) -> None:
+    viewer, _ = clients
+    code = "import os\nos.makedirs('output', exist_ok=True)\n"
+    code += "open('output/table.bin', 'wb').write(bytes(range(256)))"
+    response = await run(viewer, code)
+    (file,) = response.structured_content["files"]
+    links = [block for block in response.content if block.type == "resource_link"]
+    assert [link.uri for link in links] == [file["uri"]] and links[0].name == "table.bin"
+    read = (await viewer.read_resource(file["uri"])).contents[0]
+    assert base64.b64decode(read.blob) == bytes(range(256))  # type: ignore[union-attr]

@@ -6,7 +6,7 @@ import pytest
 
 from mcp_sandbox import kept as kept_module
 from mcp_sandbox.kept import KeptOutputMissing, KeptOutputs
-from mcp_sandbox.result import ExecutionResult, KeptOutput
+from mcp_sandbox.result import ExecutionResult, KeptOutput, OutputFile
 
 LINES = "".join(f"line {n}\n" for n in range(1, 1001))
 
@@ -136,3 +136,21 @@ def test_a_link_reads_only_for_its_principal_and_says_nothing_of_it_to_another()
         kept.read_uri(result.stdout_uri, "alice")
     with pytest.raises(KeptOutputMissing, match="nothing is kept as"):
         kept.read_uri(result.stdout_uri, "bob")
+
+
+def test_a_calls_files_are_kept_whole_for_their_principal_within_the_cap() -> None:
+    kept = KeptOutputs(1000, ttl=60, session_alive=lambda _: True)
+    result = ExecutionResult(success=True, backend="fake")
+    for name, size in (("sub/a b.csv", 600), ("big.bin", 500)):
+        result.files.append(OutputFile(name=name, size=size, mime_type="application/octet-stream"))
+        result.artifacts.files[name] = bytes(size)
+    kept.keep(result, "alice")
+    small, big = result.files
+    assert small.uri is not None and small.uri.endswith("/files/sub%2Fa%20b.csv")
+    assert big.uri is None, "a file that does not fit is not kept in part"
+    call, _, name = small.uri.removeprefix(kept_module.URI_PREFIX).partition("/files/")
+    assert kept.read_file(call, name, "alice") == bytes(600)
+    with pytest.raises(KeptOutputMissing, match="nothing is kept as"):
+        kept.read_file(call, name, "bob")
+    with pytest.raises(KeptOutputMissing, match=r"kept no file 'big\.bin'"):
+        kept.read_file(call, "big.bin", "alice")
