@@ -194,8 +194,8 @@ class KeptText(TypedDict):
 
 class GuestTable(TypedDict):
     """A DataFrame or Series a run showed, as data: ``source`` is display (``printed``: the span of
-    stdout its text took, when stdout was not cut) or value (the final value); ``positions``: the
-    row numbers, in the whole table, of the head and tail rows sent."""
+    stdout its text took, in characters as Python counts them, when stdout was not cut) or value
+    (the final value); ``positions``: the row numbers, in the whole table, of the rows sent."""
 
     kind: Literal["DataFrame", "Series"]
     source: Literal["display", "value"]

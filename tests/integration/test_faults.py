@@ -110,9 +110,13 @@ async def test_a_wait_past_its_timeout_is_interrupted_and_keeps_the_session(
 
 
 async def test_sleeping_uses_no_cpu() -> None:
-    # One sandbox, measured alone: no JIT warm-up in idle time, and the pool's next one not counted.
+    # One sandbox, measured alone: no JIT warm-up and no checkpoint in idle time (one could start
+    # as a call returns, before its CPU is read), and the pool's next one not counted.
     params = server_params(
-        MCP_SANDBOX_BACKEND="pyodide", MCP_SANDBOX_POOL_SIZE="1", MCP_SANDBOX_PYODIDE_WARM_UP_ROUNDS="0"
+        MCP_SANDBOX_BACKEND="pyodide",
+        MCP_SANDBOX_POOL_SIZE="1",
+        MCP_SANDBOX_PYODIDE_WARM_UP_ROUNDS="0",
+        MCP_SANDBOX_CHECKPOINTS="false",
     )
     others = sandbox_processes()
     async with Client(params) as client:
@@ -120,7 +124,7 @@ async def test_sleeping_uses_no_cpu() -> None:
             while not (first := sandbox_processes() - others):
                 await anyio.sleep(0.05)
         await call(client, "1", session_id="sleeper")  # the session takes the pool's first sandbox
-        # A call costs CPU of its own (its run, its checkpoint): the sleep's share is the difference.
+        # A call costs CPU of its own: the sleep's share is the difference.
         before = cpu_seconds(first)
         await call(client, "import time\ntime.sleep(0)\n'woke'", session_id="sleeper")
         middle = cpu_seconds(first)
