@@ -57,7 +57,7 @@ SESSIONS = 4
 #: Fewer live sandboxes than sessions, so calls hibernate sessions and bring them back.
 MAX_LIVE = 2
 CALLS_PER_ROUND = 5
-ROUNDS = 7
+ROUNDS = 5
 TIME_LIMIT = 100.0
 LEASE_S = 2
 #: What ends a round, done to the instance that served it: the server killed or stopped (and

@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.soak]
 WORKERS = 8
 SESSIONS = 12
 #: Calls per backend, and the wall-clock bound on them.
-CALLS = {"pyodide": 600, "subprocess": 700}
-TIME_LIMIT = 110.0
+CALLS = {"pyodide": 350, "subprocess": 400}
+TIME_LIMIT = 80.0
 #: The share of calls made without a session: each gets a clean sandbox (on pyodide, recycled).
 SESSIONLESS_SHARE = 0.25
 #: How much the server's resident memory may grow between the warm-up and the end.
@@ -133,9 +133,9 @@ async def test_soak(backend: str) -> None:
         tree = process_tree(server)
     print(f"{backend}: {done} calls, {dict(sorted(outcomes.items()))}, server memory {grown / 2**20:+.1f} MB")
     assert not unanswered, unanswered[:5]
-    # A floor against stalls, not a speed target (bench/ measures speed). 400 since sessions are
-    # checkpointed and each injected kill restores one (446-474 calls here, 500+ before).
-    assert done >= 400, f"only {done} calls in {TIME_LIMIT:g} s"
+    # A floor against stalls, not a speed target (bench/ measures speed): every call is made well
+    # within the time limit here (600 pyodide calls took 50 s, two soak tests at a time).
+    assert done >= 300, f"only {done} calls in {TIME_LIMIT:g} s"
     assert outcomes["quick:ok"] > 0 and outcomes["timeout:Timeout"] > 0 and outcomes["sessionless"] > 0
     assert grown < MEMORY_GROWTH_LIMIT, f"server memory grew by {grown / 2**20:.0f} MB"
     with anyio.fail_after(20):
