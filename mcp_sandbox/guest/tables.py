@@ -28,7 +28,8 @@ class Display:
         for value in objects:
             text = value_text(value) + "\n"
             stdout = self._stdout
-            if stdout is None:  # outside a run (a thread the program left behind)
+            if stdout is None:  # outside a run (a thread the program left behind): text only
+                sys.stdout.write(text)
                 continue
             start = stdout.total
             stdout.write(text)

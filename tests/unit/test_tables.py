@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from mcp_sandbox.guest.capture import CappedText
 from mcp_sandbox.guest.tables import Display, table_of
@@ -81,3 +82,8 @@ def test_the_host_caps_what_a_guest_sends() -> None:
     assert len(table["columns"]) == MAX_TABLE_COLUMNS and len(table["columns"][0]) == MAX_CELL_CHARS
     assert len(table["index"]) == len(table["positions"]) == MAX_TABLE_ROWS
     assert table["shape"][0] == 0 and table["printed"] is None and table["index_name"] == "?"
+
+
+def test_display_outside_a_run_still_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    Display()(pd.Series([5], name="late"))
+    assert "Name: late" in capsys.readouterr().out
