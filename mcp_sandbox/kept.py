@@ -96,7 +96,7 @@ class KeptOutputs:
             room -= len(data)
             files[file.name] = data
             file.uri = f"{URI_PREFIX}{call}/files/{quote(file.name, safe='')}"
-        size = sum(_size(output.text) for output in streams.values()) + sum(map(len, files.values()))
+        size = self._max_bytes - room
         dropped = 0
         while self._entries and self._bytes + size > self._max_bytes:
             self._drop_oldest("dropped to keep MCP_SANDBOX_MAX_KEPT_OUTPUT_MB")

@@ -11,7 +11,8 @@ from mcp_sandbox.guest.capture import CappedText
 from mcp_sandbox.guest.program import value_text
 from mcp_sandbox.protocol import MAX_CELL_CHARS, MAX_TABLE_COLUMNS, MAX_TABLE_ROWS, MAX_TABLES, GuestTable
 
-Cell = float | str | bool | None
+#: A cell as the protocol sends it (GuestTable.rows).
+Cell = int | float | str | bool | None
 
 
 class Display:
