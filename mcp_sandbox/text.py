@@ -17,6 +17,8 @@ NOTHING = "(no output)"
 _CUT = re.compile(re.escape(TRUNCATION_MARKER).replace(re.escape("{cut:,}"), r"([\d,]+)"))
 #: Lines of a traceback that repeat what its frames say: the header, and the markers under a line.
 _TRACEBACK_NOISE = re.compile(r"^(Traceback \(most recent call last\):|\s*[~^]+\s*)$")
+#: Of a stream cut at the source, the lines shown from each end: the rest is one read away.
+CUT_LINES_SHOWN = 50
 
 
 def model_text(result: ExecutionResult) -> str:
@@ -52,11 +54,20 @@ def _stream(result: ExecutionResult, name: str, text: str, link: str | None) -> 
     where = f"; all {kept.total:,}: {link} (?first=N&last=M reads lines)" if link and kept else ""
     heads = whole_head.split("\n") if whole_head else []
     tails = whole_tail.removesuffix("\n").split("\n") if whole_tail.strip("\n") else []
+    hidden += _keep_lines(heads, tails, CUT_LINES_SHOWN)
     # The marker's own length, with as many digits as it may come to, is within the budget too.
     longest = f"... [{hidden + len(text):,} characters not shown{where}] ..."
     hidden += _fit(heads, tails, len(text) - len(longest) - 1)
     marker = f"... [{hidden:,} characters not shown{where}] ..."
     return "\n".join([*heads, marker, *tails])
+
+
+def _keep_lines(heads: list[str], tails: list[str], each: int) -> int:
+    """Keep the first `each` of `heads` and the last `each` of `tails`; returns the characters
+    dropped with their line breaks."""
+    dropped = heads[each:] + tails[: max(len(tails) - each, 0)]
+    del heads[each:], tails[: max(len(tails) - each, 0)]
+    return sum(len(line) + 1 for line in dropped)
 
 
 def _fit(heads: list[str], tails: list[str], budget: int) -> int:

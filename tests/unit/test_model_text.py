@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mcp_sandbox.protocol import cap_text
 from mcp_sandbox.result import ExecutionResult, KeptOutput, OutputFile
-from mcp_sandbox.text import model_text
+from mcp_sandbox.text import CUT_LINES_SHOWN, model_text
 
 
 def result(**fields: object) -> ExecutionResult:
@@ -76,6 +76,22 @@ def test_a_cut_stream_reads_within_the_length_the_cut_left() -> None:
         assert hidden == len(whole) - shown_characters, (hidden, len(whole), shown_characters)
         if whole in lines:
             assert set(shown) <= set(whole.splitlines()), "no part of a line reads as a line"
+
+
+def test_a_cut_stream_shows_its_first_and_last_lines_only() -> None:
+    whole = "".join(f"{n}\n" for n in range(5000))
+    cut, _ = cap_text(whole, 4000)
+    lines = model_text(result(stdout=cut, truncated=True)).splitlines()
+    marker = lines.index(next(line for line in lines if "not shown" in line))
+    assert lines[:marker] == [str(n) for n in range(CUT_LINES_SHOWN)]
+    assert lines[marker + 1 :] == [str(n) for n in range(5000 - CUT_LINES_SHOWN, 5000)]
+    hidden = int(lines[marker].split("[")[1].split()[0].replace(",", ""))
+    assert hidden == len(whole) - sum(len(line) + 1 for i, line in enumerate(lines) if i != marker)
+
+
+def test_an_output_that_was_not_cut_keeps_every_line() -> None:
+    whole = "".join(f"{n}\n" for n in range(1000))
+    assert model_text(result(stdout=whole)) == whole.removesuffix("\n")
 
 
 def test_a_cut_with_its_link_names_it_once() -> None:
