@@ -22,10 +22,10 @@ from typing import Any
 import anyio
 
 from mcp_sandbox.app import create_backend
-from mcp_sandbox.backends.base import Backend, ExecutorHooks, SandboxStartError, no_progress
+from mcp_sandbox.backends.base import Backend, ExecutorHooks, SandboxStartError
 from mcp_sandbox.settings import Settings
 
-NO_HOOKS = ExecutorHooks(None, no_progress)
+NO_HOOKS = ExecutorHooks(None)
 CODE = "1 + 1"
 PHASE_LIMIT_S = 300
 ROUNDS = 3

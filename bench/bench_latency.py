@@ -29,7 +29,7 @@ from common import save
 from mcp import Client, StdioServerParameters
 
 from mcp_sandbox.app import create_backend
-from mcp_sandbox.backends.base import Backend, ExecutorHooks, no_progress
+from mcp_sandbox.backends.base import Backend, ExecutorHooks
 from mcp_sandbox.backends.pyodide import RUNNER_DIR, PyodideBackend, find_deno, pyodide_version
 from mcp_sandbox.settings import Settings
 
@@ -55,7 +55,7 @@ WARM_LOOP_LIMIT_S = 45.0
 COLD_PHASE_LIMIT_S = 90.0
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 #: Executors measured without a server: no tool bridge, nobody watching progress.
-NO_HOOKS = ExecutorHooks(tools=None, progress=no_progress)
+NO_HOOKS = ExecutorHooks(tools=None)
 
 
 async def call(client: Client, session_id: str, code: str = CODE) -> tuple[float, int]:

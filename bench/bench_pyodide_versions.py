@@ -43,7 +43,7 @@ from common import children
 from mcp import Client, StdioServerParameters
 
 import mcp_sandbox
-from mcp_sandbox.backends.base import Executor, ExecutorHooks, NotDone, SandboxDied, no_progress
+from mcp_sandbox.backends.base import Executor, ExecutorHooks, NotDone, SandboxDied
 from mcp_sandbox.backends.pyodide import (
     RUNNER_DIR,
     PyodideBackend,
@@ -53,7 +53,7 @@ from mcp_sandbox.backends.pyodide import (
 )
 from mcp_sandbox.settings import Settings
 
-NO_HOOKS = ExecutorHooks(tools=None, progress=no_progress)
+NO_HOOKS = ExecutorHooks(tools=None)
 #: The checkout measured: the server is started with it on its PYTHONPATH too.
 CHECKOUT = Path(mcp_sandbox.__file__).resolve().parent.parent
 COLD_STARTS = 3

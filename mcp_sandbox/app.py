@@ -152,7 +152,7 @@ class App:
                     config = load_bridge_config(self.settings.bridge_config)
                 self.bridge = ToolBridge(config, self.settings.bridge_call_timeout, self._local)
                 await self.bridge.start(task_group, wait=BRIDGE_STARTUP_WAIT)
-            hooks = ExecutorHooks(tools=self.bridge, progress=sessions.on_progress)
+            hooks = ExecutorHooks(tools=self.bridge)
             self._backend = await prepare_backend(self.settings, hooks, task_group)
         except BaseException:
             await self._stack.aclose()

@@ -28,7 +28,7 @@ from pydantic_settings import CliSettingsSource
 
 from mcp_sandbox import logs, tracing
 from mcp_sandbox.app import App
-from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError, no_progress
+from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError
 from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version
 from mcp_sandbox.bridge.config import BridgeConfigError
 from mcp_sandbox.doctor import (
@@ -188,7 +188,7 @@ async def fetch(settings: Settings, packages: list[str]) -> None:
         )
     async with anyio.create_task_group() as group:
         # Only prepare() is used here, which starts no tasks.
-        backend = PyodideBackend(settings, ExecutorHooks(tools=None, progress=no_progress), group, deno)
+        backend = PyodideBackend(settings, ExecutorHooks(tools=None), group, deno)
     async with showing_progress(f"Pyodide {pyodide_version()}: fetching (once) and preparing"):
         await backend.prepare()
     print(f"Pyodide {pyodide_version()} is in {settings.cache_dir}", file=sys.stderr)

@@ -19,7 +19,7 @@ import anyio
 from pydantic import ValidationError
 
 import mcp_sandbox
-from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError, no_progress
+from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError
 from mcp_sandbox.backends.pyodide import find_deno, pyodide_version
 from mcp_sandbox.backends.subprocess import SubprocessBackend
 from mcp_sandbox.bridge.config import BridgeConfigError, StdioUpstream, Upstream, load_bridge_config
@@ -192,7 +192,7 @@ async def check_isolation(settings: Settings) -> Check:
     try:
         with anyio.fail_after(BACKEND_TIMEOUT):
             async with anyio.create_task_group() as task_group:
-                backend = SubprocessBackend(trial, ExecutorHooks(None, no_progress), task_group)
+                backend = SubprocessBackend(trial, ExecutorHooks(None), task_group)
                 await backend.prepare()
                 task_group.cancel_scope.cancel()
     except TimeoutError:

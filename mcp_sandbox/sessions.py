@@ -89,8 +89,6 @@ class Sessions:
         self._settings = settings
         self._store = store
         self._sessions: dict[str, Session] = {}
-        #: Where each running executor's output lines go (its call's progress relay).
-        self._relays: dict[Executor, ProgressRelay] = {}
         #: Names this instance in the leases it takes (and in the errors of other instances).
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
@@ -124,12 +122,6 @@ class Sessions:
         )
         leases.on_retaken = checkpoints.when_idle
         self._attached = checkpoints, leases
-
-    def on_progress(self, executor: Executor, line: str) -> None:
-        """The executors' progress hook: a line its running program printed."""
-        relay = self._relays.get(executor)
-        if relay is not None:
-            relay.push(line)
 
     @property
     def _ready_pool(self) -> ReadyPool:
@@ -333,14 +325,11 @@ class Sessions:
             result = await executor.run(code, timeout, stop)
             self._metrics.count_lost(result)
             return result
-        relay = self._relays[executor] = ProgressRelay(progress, self._timings.progress_interval)
-        try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(relay.report_until_cancelled, stop)
-                result = await executor.run(code, timeout, stop)
-                group.cancel_scope.cancel()
-        finally:
-            del self._relays[executor]
+        relay = ProgressRelay(progress, self._timings.progress_interval)
+        async with anyio.create_task_group() as group:
+            group.start_soon(relay.report_until_cancelled, stop)
+            result = await executor.run(code, timeout, stop, on_output=relay.push)
+            group.cancel_scope.cancel()
         self._metrics.count_lost(result)
         return result
 

@@ -21,6 +21,7 @@ from mcp_sandbox.packages import Lock, cached_pyodide_lock, host_import_note
 from mcp_sandbox.protocol import (
     DATA_DIR,
     KILL_WAIT,
+    MAX_PROGRESS_LINE_CHARS,
     OUTPUT_DIR,
     GuestFile,
     GuestLimits,
@@ -104,20 +105,15 @@ class ToolHost(Protocol):
         ...
 
 
-#: Receives each line a running program prints (at most twice a second), with its executor.
-ProgressHook = Callable[["Executor", str], None]
+#: Receives the latest line one run's program printed (at most twice a second).
+OutputHook = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class ExecutorHooks:
-    """The two ways an executor reaches back into the server: bridged tool calls and progress."""
+    """How an executor reaches back into the server: its runs' bridged tool calls."""
 
     tools: ToolHost | None
-    progress: ProgressHook
-
-
-def no_progress(executor: Executor, line: str) -> None:
-    """A progress hook for executors nobody watches."""
 
 
 #: Delivers reply (JSON text) for call number `call` to the sandbox.
@@ -225,7 +221,7 @@ class Executor(ABC):
     grace period the sandbox is killed. Backends implement `_submit`, `_await_outcome`,
     `interrupt`, `close` and `alive`; while `_await_outcome` waits, they hand the program's
     bridged tool calls to `_start_tool_call` (a tools.describe to `_start_describe`) and its output
-    lines to `hooks.progress`.
+    lines to `_output`, which passes them to the run's `on_output`.
     """
 
     backend: ClassVar[str]
@@ -238,6 +234,8 @@ class Executor(ABC):
         #: Which catalog version the guest's `tools` was built from (-1: none yet).
         self._tools_version = -1
         self._tool_calls: ToolCalls | None = None
+        #: Where the running program's output lines go (None: nobody is watching).
+        self._on_output: OutputHook | None = None
         #: The last run found the sandbox already dead: its program never started.
         self.found_dead = False
         #: It may serve another caller once its own is done with it (recycled); False once it was
@@ -309,22 +307,36 @@ class Executor(ABC):
             raise RuntimeError("no execution is running")
         self._tool_calls.start_describe(call, query, limit, deliver)
 
-    async def run(self, code: str, timeout: float, stop: anyio.Event | None = None) -> ExecutionResult:
+    def _output(self, line: str) -> None:
+        """A line the running program printed: to its run's `on_output`, if anyone watches."""
+        if self._on_output is not None:
+            self._on_output(line[:MAX_PROGRESS_LINE_CHARS])
+
+    async def run(
+        self,
+        code: str,
+        timeout: float,
+        stop: anyio.Event | None = None,
+        on_output: OutputHook | None = None,
+    ) -> ExecutionResult:
         """Run `code` for at most `timeout` seconds, or until `stop` is set (the caller went away),
         whichever comes first; either way the program is interrupted, then killed if it ignores
-        that. Implementations never raise: what happened is in the result."""
+        that. `on_output` gets the latest line the program printed, while it runs. Implementations
+        never raise: what happened is in the result."""
         tools = self.hooks.tools
         manifest = None
         if tools is not None and tools.version != self._tools_version:
             manifest, self._tools_version = tools.manifest_json, tools.version
         async with anyio.create_task_group() as task_group:
             self._tool_calls = calls = ToolCalls(tools, task_group, self.limits.max_tool_calls)
+            self._on_output = on_output
             try:
                 result = await self._run(code, manifest, timeout, stop or anyio.Event())
             finally:
                 # Bridged calls still pending when the execution ends are cancelled and answered.
                 calls.cancel_all()
                 self._tool_calls = None
+                self._on_output = None
         return result
 
     async def _outcome_within(self, seconds: float, stop: anyio.Event) -> GuestOutcome | None:

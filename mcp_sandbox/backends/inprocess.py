@@ -195,7 +195,7 @@ class InProcessExecutor(Executor):
         if message["type"] == "progress":
             if loop is not None:
                 with suppress(RuntimeError):  # the server is shutting down
-                    loop.call_soon_threadsafe(self.hooks.progress, self, message["line"])
+                    loop.call_soon_threadsafe(self._output, message["line"])
             return
         call = message["call"]
 

@@ -248,7 +248,7 @@ class ProcessExecutor(Executor):
             if message["type"] == "fatal":
                 raise SandboxDied(f"the sandbox runner failed: {message['message']}")
             if message["type"] == "progress":
-                self.hooks.progress(self, message["line"][: protocol.MAX_PROGRESS_LINE_CHARS])
+                self._output(message["line"])
             if message["type"] == "tool_call":
                 self._start_tool_call(
                     message["call"],

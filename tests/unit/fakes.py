@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import anyio
 
-from mcp_sandbox.backends.base import Executor, ExecutorHooks, ExecutorLimits, SandboxDied, no_progress
+from mcp_sandbox.backends.base import Executor, ExecutorHooks, ExecutorLimits, SandboxDied
 from mcp_sandbox.protocol import GuestOutcome
 
 #: Quick to kill after an ignored interrupt, as the unit tests want.
@@ -43,7 +43,7 @@ class FakeExecutor(Executor):
     started = 0
 
     def __init__(self, *, stubborn: bool = False) -> None:
-        super().__init__(FAKE_LIMITS, ExecutorHooks(tools=None, progress=no_progress))
+        super().__init__(FAKE_LIMITS, ExecutorHooks(tools=None))
         FakeExecutor.started += 1
         self.number = FakeExecutor.started
         self.stubborn = stubborn

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from mcp_sandbox.backends.base import ExecutorHooks, ExecutorLimits, no_progress
+from mcp_sandbox.backends.base import ExecutorHooks, ExecutorLimits
 from mcp_sandbox.backends.inprocess import InProcessExecutor
 from mcp_sandbox.result import ExecutionResult
 
@@ -29,7 +29,7 @@ LIMITS = ExecutorLimits(
 
 
 def new_executor(name: str) -> InProcessExecutor:
-    return InProcessExecutor(LIMITS, ExecutorHooks(tools=None, progress=no_progress), name, Path.cwd())
+    return InProcessExecutor(LIMITS, ExecutorHooks(tools=None), name, Path.cwd())
 
 
 async def run(executor: InProcessExecutor, code: str, timeout: float = 5) -> ExecutionResult:
@@ -108,3 +108,12 @@ async def test_a_thread_that_cannot_be_stopped_is_discarded_and_logged(
     assert time.monotonic() - started < 2.5, "the call returns at deadline + grace, not when the code ends"
     assert not executor.alive
     assert "still running when its session was discarded" in caplog.text
+
+
+async def test_output_lines_go_to_the_run_that_printed_them(executor: InProcessExecutor) -> None:
+    heard: list[str] = []
+    code = "import time\nfor i in range(3):\n    print(f'step {i}')\n    time.sleep(0.6)"
+    await executor.run(code, 10, on_output=heard.append)
+    assert heard and all(line.startswith("step ") for line in heard)
+    later = await executor.run("print('unwatched')", 5)
+    assert later.stdout == "unwatched\n" and all(line.startswith("step ") for line in heard)

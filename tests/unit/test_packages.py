@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from mcp_sandbox import packages as packages_module
-from mcp_sandbox.backends.base import Backend, Executor, ExecutorHooks, failed_import, no_progress
+from mcp_sandbox.backends.base import Backend, Executor, ExecutorHooks, failed_import
 from mcp_sandbox.packages import (
     CACHED_INDEX_LOCK,
     DefaultPackages,
@@ -314,7 +314,7 @@ class NoteEveryImport(Backend):
 
 
 def test_only_a_missing_top_level_module_gets_a_note() -> None:
-    backend = NoteEveryImport(Settings(), ExecutorHooks(tools=None, progress=no_progress))
+    backend = NoteEveryImport(Settings(), ExecutorHooks(tools=None))
     missing = "ModuleNotFoundError: No module named '{}'"
     assert backend.notes_for(failure("ModuleNotFoundError", missing.format("pandas"))) == ["note for pandas"]
     assert backend.notes_for(failure("ModuleNotFoundError", missing.format("pandas.nope"))) == []
