@@ -15,10 +15,8 @@ import anyio.abc
 
 from mcp_sandbox import tracing
 from mcp_sandbox.audit import ExecutionRecord
-from mcp_sandbox.backends.base import Backend, ExecutorHooks, SandboxStartError
-from mcp_sandbox.backends.inprocess import InProcessBackend
-from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno
-from mcp_sandbox.backends.subprocess import SubprocessBackend
+from mcp_sandbox.backends.base import Backend, ExecutorHooks
+from mcp_sandbox.backends.registry import prepare_backend
 from mcp_sandbox.bridge.check import wrong_calls_message
 from mcp_sandbox.bridge.config import BridgeConfig, load_bridge_config
 from mcp_sandbox.bridge.local import LocalTools
@@ -67,35 +65,6 @@ def check_request(settings: Settings, code: str, session_id: str | None, timeout
         )
     if timeout is not None and not timeout > 0:
         raise InvalidRequest(f"timeout must be a positive number of seconds, not {timeout!r}")
-
-
-def create_backend(settings: Settings, hooks: ExecutorHooks, task_group: anyio.abc.TaskGroup) -> Backend:
-    """The backend the settings ask for. Raises SandboxStartError when it cannot be had."""
-    if settings.backend == "subprocess":
-        return SubprocessBackend(settings, hooks, task_group)
-    if settings.backend == "inprocess":
-        return InProcessBackend(settings, hooks)
-    deno = find_deno(settings)
-    if deno is None:
-        where = f"at {settings.deno_path}" if settings.deno_path else "(is the `deno` package installed?)"
-        raise SandboxStartError(f"the pyodide backend needs Deno, and none was found {where}")
-    return PyodideBackend(settings, hooks, task_group, deno)
-
-
-async def prepare_backend(
-    settings: Settings, hooks: ExecutorHooks, task_group: anyio.abc.TaskGroup
-) -> Backend:
-    """A prepared backend; `auto` falls back to subprocess, saying why, when pyodide cannot start."""
-    try:
-        backend = create_backend(settings, hooks, task_group)
-        await backend.prepare()
-    except SandboxStartError as error:
-        if settings.backend != "auto":
-            raise
-        logger.warning("using the subprocess backend: %s", error)
-        backend = SubprocessBackend(settings, hooks, task_group)
-        await backend.prepare()
-    return backend
 
 
 class App:

@@ -67,6 +67,8 @@ class ExecutionRecord:
                 "sha256": digest,
                 "code": code,
                 "success": result.success,
+                "status": result.status,
+                "exception": result.exception,
                 "error_type": result.error_type,
                 "duration_ms": result.duration_ms,
                 "output_bytes": len(result.stdout.encode()) + len(result.stderr.encode()),
@@ -83,7 +85,8 @@ class ExecutionRecord:
             header = (
                 f"# mcp-sandbox: executed {now.isoformat(timespec='seconds')} on {result.backend}, "
                 f"session {result.session_id or '(none)'}, sha256 {digest}\n"
-                f"# outcome: {'success' if result.success else result.error_type}, {result.duration_ms} ms\n"
+                f"# outcome: {result.status}{f' ({result.exception})' if result.exception else ''}, "
+                f"{result.duration_ms} ms\n"
                 "# Replay: run it again with execute_python (same session_id for the same state), or\n"
                 "# `python this_file.py` when it has no top-level await and needs no earlier cells.\n\n"
             )

@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from mcp_sandbox.errors import PrincipalLimitReached, Refused
-from mcp_sandbox.result import ExecutionResult
+from mcp_sandbox.result import SANDBOX_NAMES, ExecutionResult
 from mcp_sandbox.version import __version__
 
 #: What `/metrics` answers with.
@@ -26,23 +26,14 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: Seconds: a warm call takes milliseconds, a program may run for minutes.
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 WAIT_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-#: A result's error_type as a call's outcome; any other error_type is the program's own exception.
-OUTCOMES = {
-    "Timeout": "timeout",
-    "Cancelled": "cancelled",
-    "MemoryLimit": "memory_limit",
-    "SandboxCrash": "crash",
-    "Rejected": "rejected",
-}
 #: The outcome of a call the server refused to run (the refusal's kind is counted apart).
 REFUSED = "refused"
 
 
 def outcome_of(result: ExecutionResult) -> str:
-    """ok, error (an exception in the program), timeout, cancelled, memory_limit, crash or rejected."""
-    if result.success:
-        return "ok"
-    return OUTCOMES.get(result.error_type or "", "error")
+    """The result's status: ok, error (an exception in the program), timeout, cancelled,
+    memory_limit, crash or rejected."""
+    return result.status
 
 
 @dataclass
@@ -177,7 +168,7 @@ class Metrics:
     def count_lost(self, result: ExecutionResult) -> None:
         """A result straight from a sandbox: if its sandbox ended during the call, count why."""
         if result.session_lost:
-            self.sandboxes_lost.labels(OUTCOMES.get(result.error_type or "", "crash")).inc()
+            self.sandboxes_lost.labels(result.status if result.status in SANDBOX_NAMES else "crash").inc()
 
     def count_restore(self, restored: bool, problem: str | None) -> None:
         """A restore's outcome: restored, or failed (a checkpoint there and unusable); nothing

@@ -12,9 +12,9 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, TypeAdapter
+from pydantic import BaseModel, Field, PrivateAttr, TypeAdapter, model_validator
 
 from mcp_sandbox.protocol import (
     MARKER_SLACK,
@@ -33,8 +33,20 @@ from mcp_sandbox.protocol import (
     cap_text,
 )
 
-#: Failures that are not a Python exception of the program itself.
+#: Failures that are not a Python exception of the program itself, as `error_type` names them.
 SandboxErrorType = Literal["Timeout", "Cancelled", "MemoryLimit", "SandboxCrash", "Rejected"]
+#: What happened to a run: it ended (ok), the program raised (error), or the sandbox ended it.
+Status = Literal["ok", "error", "timeout", "cancelled", "memory_limit", "crash", "rejected"]
+#: The status of each sandbox outcome.
+SANDBOX_STATUS: dict[SandboxErrorType, Status] = {
+    "Timeout": "timeout",
+    "Cancelled": "cancelled",
+    "MemoryLimit": "memory_limit",
+    "SandboxCrash": "crash",
+    "Rejected": "rejected",
+}
+#: A sandbox outcome's name by its status: the word `error_type` and the model's text give it.
+SANDBOX_NAMES: dict[str, SandboxErrorType] = {status: name for name, status in SANDBOX_STATUS.items()}
 
 #: Validates what a guest reports: it is untrusted, and a field the protocol does not name is refused.
 GUEST_OUTCOME: TypeAdapter[GuestOutcome] = TypeAdapter(GuestOutcome)
@@ -204,6 +216,14 @@ class ExecutionResult(BaseModel):
     """The outcome of one `execute_python` call."""
 
     success: bool = Field(description="True when the program ran to the end without an exception.")
+    status: Status = Field(
+        description="What happened to the run: ok; error (the program raised `exception`); timeout; "
+        "cancelled (its caller stopped it); memory_limit; crash (the sandbox died); rejected (nothing ran: "
+        "the strict policy, or a bridged call naming a server, tool or argument that does not exist)."
+    )
+    exception: str | None = Field(
+        None, description="With status error: the class name of the program's exception; else null."
+    )
     stdout: str = Field("", description="Standard output, capped (head and tail kept).")
     stderr: str = Field("", description="Standard error, capped (head and tail kept).")
     result: str | None = Field(
@@ -211,8 +231,8 @@ class ExecutionResult(BaseModel):
     )
     error_type: str | None = Field(
         None,
-        description="The exception class name, or Timeout, Cancelled, MemoryLimit, SandboxCrash, Rejected; "
-        "null on success.",
+        description="Deprecated: read `status`, and `exception` for the program's exception. The exception "
+        "class name, or Timeout, Cancelled, MemoryLimit, SandboxCrash, Rejected; null on success.",
     )
     error: str | None = Field(None, description="Error message with a traceback of the program's own frames.")
     truncated: bool = Field(False, description="True when any output field was cut to the size cap.")
@@ -251,6 +271,37 @@ class ExecutionResult(BaseModel):
     notes: list[str] = Field([], description="What the server left out, e.g. files past a cap.")
     _artifacts: Artifacts = PrivateAttr(default_factory=Artifacts)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derive(cls, data: Any) -> Any:
+        """`success` and `error_type` follow from `status` and `exception`, and a success is ok:
+        a result is built from what decides it."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "status" not in data and data.get("success") is True:
+            data["status"] = "ok"
+        status = data.get("status")
+        data.setdefault("success", status == "ok")
+        if "error_type" not in data and isinstance(status, str):
+            data["error_type"] = data.get("exception") if status == "error" else SANDBOX_NAMES.get(status)
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExecutionResult:
+        # A reader of any one of these fields must learn what a reader of the others does.
+        error_type = self.exception if self.status == "error" else SANDBOX_NAMES.get(self.status)
+        if (
+            self.success != (self.status == "ok")
+            or (self.exception is not None and self.status != "error")
+            or self.error_type != error_type
+        ):
+            raise ValueError(
+                f"status {self.status!r} disagrees with success {self.success}, exception "
+                f"{self.exception!r} or error_type {self.error_type!r}"
+            )
+        return self
+
     @property
     def artifacts(self) -> Artifacts:
         return self._artifacts
@@ -270,7 +321,7 @@ class ExecutionResult(BaseModel):
         """A result for a failure of the sandbox rather than of the program."""
         return cls(
             success=False,
-            error_type=error_type,
+            status=SANDBOX_STATUS[error_type],
             error=message,
             backend=backend,
             duration_ms=duration_ms,
@@ -293,12 +344,14 @@ class ExecutionResult(BaseModel):
     ) -> ExecutionResult:
         """The result of a run the guest reported, within every cap whatever the guest sent."""
         capped = cap_outcome(outcome, max_output_chars)
+        # Whatever name the program's exception has (even Timeout), it is the program's.
         result = cls(
             success=capped["success"],
+            status="ok" if capped["success"] else "error",
+            exception=None if capped["success"] else capped["error_type"],
             stdout=capped["stdout"],
             stderr=capped["stderr"],
             result=capped["result"],
-            error_type=capped["error_type"],
             error=capped["error"],
             truncated=capped["truncated"],
             backend=backend,

@@ -4,13 +4,10 @@ thing that is not the usual. The structured content keeps every field for progra
 from __future__ import annotations
 
 import re
-from typing import get_args
 
 from mcp_sandbox.protocol import TRUNCATION_MARKER
-from mcp_sandbox.result import ExecutionResult, SandboxErrorType
+from mcp_sandbox.result import SANDBOX_NAMES, ExecutionResult
 
-#: Outcomes of the sandbox rather than of the program: their `error` is a sentence, not a traceback.
-SANDBOX_OUTCOMES = frozenset(get_args(SandboxErrorType))
 #: What a result that printed, returned and said nothing reads as.
 NOTHING = "(no output)"
 #: The marker the guest puts where it cut a stream (protocol.cap_text), with the count it says.
@@ -94,10 +91,10 @@ def _fit(heads: list[str], tails: list[str], budget: int) -> int:
 
 def _ending(result: ExecutionResult) -> list[str]:
     """The error (its type, message and the program's frames), or the final value."""
-    if result.error_type is not None:
-        if result.error_type in SANDBOX_OUTCOMES or not result.error:
-            return [f"{result.error_type}: {result.error}" if result.error else result.error_type]
-        return [traceback_text(result.error)]
+    if (name := SANDBOX_NAMES.get(result.status)) is not None:  # its error is a sentence, not a traceback
+        return [f"{name}: {result.error}" if result.error else name]
+    if result.exception is not None:
+        return [traceback_text(result.error)] if result.error else [result.exception]
     if result.result is None:
         return []
     # A value of several lines (a table) starts on its own line, so its columns stay aligned.

@@ -26,11 +26,12 @@ export interface OutputFile {
 }
 
 export interface Outcome {
-  success: boolean;
+  /** What happened to the run: ok, error (the program raised `exception`), or the sandbox's outcome. */
+  status: string;
   stdout: string;
   stderr: string;
   result: string | null;
-  errorType: string | null;
+  exception: string | null;
   error: string | null;
   truncated: boolean;
   durationMs: number | null;
@@ -101,7 +102,7 @@ function cell(value: unknown): Value {
 }
 
 export function parseOutcome(structured: unknown): Outcome | null {
-  if (!isObject(structured) || typeof structured.success !== "boolean") return null;
+  if (!isObject(structured) || typeof structured.status !== "string") return null;
   const files: OutputFile[] = [];
   if (Array.isArray(structured.files)) {
     for (const file of structured.files) {
@@ -116,11 +117,11 @@ export function parseOutcome(structured: unknown): Outcome | null {
     }
   }
   return {
-    success: structured.success,
+    status: structured.status,
     stdout: str(structured.stdout) ?? "",
     stderr: str(structured.stderr) ?? "",
     result: str(structured.result),
-    errorType: str(structured.error_type),
+    exception: str(structured.exception),
     error: str(structured.error),
     truncated: structured.truncated === true,
     durationMs: num(structured.duration_ms),

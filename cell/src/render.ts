@@ -37,24 +37,24 @@ export interface ToolResult {
   _meta?: unknown;
 }
 
-const SANDBOX_TITLES: Record<string, string> = {
-  Cancelled: "Stopped",
-  MemoryLimit: "Out of memory",
-  SandboxCrash: "The sandbox crashed",
-  Rejected: "Rejected",
-};
+const SANDBOX_TITLES = new Map([
+  ["cancelled", "Stopped"],
+  ["memory_limit", "Out of memory"],
+  ["crash", "The sandbox crashed"],
+  ["rejected", "Rejected"],
+]);
 
 function seconds(value: number): string {
   return `${Number(value.toFixed(value < 10 ? 2 : 1))} s`;
 }
 
 function errorTitle(outcome: Outcome, input: Input): string {
-  const type = outcome.errorType ?? "Error";
-  if (type === "Timeout") {
+  if (outcome.status === "timeout") {
     const limit = input.timeout ?? (outcome.durationMs !== null ? outcome.durationMs / 1000 : null);
     return limit !== null ? `Timed out after ${seconds(limit)}` : "Timed out";
   }
-  return SANDBOX_TITLES[type] ?? type;
+  // A program's own exception is named as it is, even one called Timeout.
+  return SANDBOX_TITLES.get(outcome.status) ?? outcome.exception ?? "Error";
 }
 
 /** Slice by code points: the server counts stdout's characters as Python does. */
@@ -70,7 +70,7 @@ function stream(text: string, kind: "stdout" | "stderr"): HTMLElement {
 }
 
 export function renderStatus(status: HTMLElement, meta: HTMLElement, outcome: Outcome, input: Input): void {
-  if (outcome.success) {
+  if (outcome.status === "ok") {
     status.textContent = "✓ Done";
     status.className = "status ok";
   } else {
@@ -302,7 +302,7 @@ export function renderResult(output: HTMLElement, result: ToolResult, input: Inp
     parts.push(row);
   }
 
-  if (!outcome.success) {
+  if (outcome.status !== "ok") {
     const box = el("div", "error");
     box.setAttribute("role", "alert");
     box.append(el("div", "error-title", errorTitle(outcome, input)));

@@ -260,13 +260,21 @@ async def test_notes_and_sandbox_outcomes(browser: Browser, client: Client, back
     """Server notes, a restored session and the sandbox's own outcomes, from hand-made results of
     the shape the server sends (those outcomes are slow or unsafe to cause for real)."""
     once(backend)
-    base = {"success": False, "stdout": "", "stderr": "", "result": None, "truncated": False}
+    base = {
+        "success": False,
+        "exception": None,
+        "stdout": "",
+        "stderr": "",
+        "result": None,
+        "truncated": False,
+    }
     base |= {"duration_ms": 12, "backend": "subprocess", "session_id": "s1", "files": [], "figures": 0}
     base |= {"session_lost": False, "session_restored": True, "restored_from_call": 3}
     async with browser.cell(client) as cell:
         await cell.page.evaluate("() => host.input({ code: 'x = [0] * 10**10' })")
         note = "output/huge.bin left out: over MCP_SANDBOX_MAX_OUTPUT_MB in all"
         structured = base | {
+            "status": "memory_limit",
             "error_type": "MemoryLimit",
             "error": "The program used too much memory.",
             "notes": [note],
@@ -280,7 +288,8 @@ async def test_notes_and_sandbox_outcomes(browser: Browser, client: Client, back
         await assert_clean(cell)
     async with browser.cell(client) as cell:
         await cell.page.evaluate("() => host.input({ code: 'while True: pass' })")
-        structured = base | {"error_type": "Cancelled", "error": "The call was cancelled.", "notes": []}
+        cancelled = {"status": "cancelled", "error_type": "Cancelled", "error": "The call was cancelled."}
+        structured = base | cancelled | {"notes": []}
         await cell.show({"content": [{"type": "text", "text": "..."}], "structuredContent": structured})
         assert "Stopped" in await cell.text("#status") and "Stopped" in await cell.text(".error")
         await assert_clean(cell)
@@ -304,9 +313,16 @@ async def test_timeout_and_stop_are_said_as_such(browser: Browser, client: Clien
     once(backend)
     async with browser.cell(client) as cell:
         result = await cell.run("import time\ntime.sleep(30)", timeout=1)
-        assert result["structuredContent"]["error_type"] == "Timeout"
+        assert result["structuredContent"]["status"] == "timeout"
         assert "Timed out after 1 s" in await cell.text("#status")
         assert "Timed out after 1 s" in await cell.text(".error")
+        await assert_clean(cell)
+    async with browser.cell(client) as cell:
+        # The program's own exception named Timeout is its error, not a timeout.
+        result = await cell.run("class Timeout(Exception): pass\nraise Timeout('mine')", timeout=5)
+        assert result["structuredContent"]["status"] == "error"
+        assert await cell.text("#status") == "✗ Timeout" and "Timed out" not in await cell.text()
+        assert "Timeout: mine" in await cell.text(".error")
         await assert_clean(cell)
     async with browser.cell(client) as cell:
         # The host cancels a call it started: the cell says it stopped.

@@ -225,7 +225,7 @@ async def test_the_audit_log_has_one_line_per_call(client: Client, folders: Fold
     records = [json.loads(line) for line in lines]
     assert sorted(record["code"] for record in records) == sorted(codes)
     for record in records:
-        assert record["backend"] == backend and record["success"] is True
+        assert record["backend"] == backend and record["success"] is True and record["status"] == "ok"
         assert len(record["sha256"]) == 64 and isinstance(record["duration_ms"], int)
         assert record["session_id"].startswith("audit-")
     assert stat.S_IMODE(os.stat(folders.audit_log).st_mode) == 0o600
@@ -238,5 +238,5 @@ async def test_each_program_is_saved_with_a_replay_header(client: Client, folder
     ]
     assert len(saved) == 1
     text = saved[0].read_text()
-    assert text.startswith("# mcp-sandbox: executed") and "# Replay:" in text
+    assert text.startswith("# mcp-sandbox: executed") and "# Replay:" in text and "# outcome: ok, " in text
     assert stat.S_IMODE(saved[0].stat().st_mode) == 0o600

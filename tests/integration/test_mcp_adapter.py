@@ -29,6 +29,8 @@ async def test_tools_are_listed_with_an_output_schema(client: Client) -> None:
     assert schema is not None
     for field in (
         "success",
+        "status",
+        "exception",
         "stdout",
         "stderr",
         "result",

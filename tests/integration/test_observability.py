@@ -23,8 +23,10 @@ from tests.helpers import as_caller, call, free_port, http_server, server_env, s
 pytestmark = pytest.mark.anyio
 
 TOKEN = "an-observability-test-token"
-#: Calls a minute the sole principal may make: the mix's sixth counted call is refused.
-PER_MINUTE = 5
+#: Calls a minute the sole principal may make: the mix's seventh counted call is refused.
+PER_MINUTE = 6
+#: What a result says of how its run ended.
+FIELDS = ("status", "exception", "error_type")
 
 
 def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -52,8 +54,13 @@ async def test_metrics_count_a_known_mix_of_calls_by_outcome_without_a_token() -
             assert (await call(client, "1 + 1"))["result"] == "2"
             assert (await call(client, "x = 2", session_id="kept"))["success"]
             assert (await call(client, "x", session_id="kept"))["result"] == "2"
-            assert (await call(client, "1 / 0"))["error_type"] == "ZeroDivisionError"
-            assert (await call(client, "while True: pass", timeout=0.5))["error_type"] == "Timeout"
+            failed = await call(client, "1 / 0")
+            assert (failed["status"], failed["exception"]) == ("error", "ZeroDivisionError"), failed
+            # The program's own exception named Timeout is an error, counted as one.
+            own = await call(client, "class Timeout(Exception): pass\nraise Timeout()")
+            assert [own[name] for name in FIELDS] == ["error", "Timeout", "Timeout"], own
+            timed_out = await call(client, "while True: pass", timeout=0.5)
+            assert [timed_out[name] for name in FIELDS] == ["timeout", None, "Timeout"], timed_out
             bad_id = await client.call_tool("execute_python", {"code": "1", "session_id": "no spaces"})
             assert bad_id.is_error  # InvalidRequest: not counted against the minute's calls
             over = await client.call_tool("execute_python", {"code": "1"})
@@ -67,7 +74,7 @@ async def test_metrics_count_a_known_mix_of_calls_by_outcome_without_a_token() -
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     samples = scrape(response.text)
     calls = by_label(samples, "mcp_sandbox_calls_total")
-    expected = {"ok": 3, "error": 1, "timeout": 1, "refused": 2}
+    expected = {"ok": 3, "error": 2, "timeout": 1, "refused": 2}
     assert calls == {(("backend", "subprocess"), ("outcome", outcome)): n for outcome, n in expected.items()}
     assert by_label(samples, "mcp_sandbox_call_duration_seconds_count") == calls
     assert by_label(samples, "mcp_sandbox_refusals_total") == {

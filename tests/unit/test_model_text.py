@@ -8,7 +8,7 @@ from mcp_sandbox.text import CUT_LINES_SHOWN, model_text
 
 
 def result(**fields: object) -> ExecutionResult:
-    return ExecutionResult.model_validate({"success": True, "backend": "pyodide", **fields})
+    return ExecutionResult.model_validate({"status": "ok", "backend": "pyodide", **fields})
 
 
 def test_a_restore_and_its_notes_are_said() -> None:
@@ -31,8 +31,7 @@ def test_a_loss_is_said() -> None:
 def test_files_figures_and_sandbox_outcomes() -> None:
     text = model_text(
         result(
-            success=False,
-            error_type="MemoryLimit",
+            status="memory_limit",
             error="the program used more than 512 MB",
             files=[OutputFile(name="a.png", size=2048, mime_type="image/png", saved_to="/srv/out/a.png")],
             figures=2,
@@ -104,4 +103,5 @@ def test_a_cut_with_its_link_names_it_once() -> None:
 
 
 def test_an_error_without_a_traceback_is_its_type() -> None:
-    assert model_text(result(success=False, error_type="SandboxCrash")) == "SandboxCrash"
+    assert model_text(result(status="crash")) == "SandboxCrash"
+    assert model_text(result(status="error", exception="ValueError")) == "ValueError"

@@ -285,7 +285,7 @@ def test_the_cpython_backends_name_pip_for_a_package_pyodide_has() -> None:
 
 
 def failure(error_type: str, error: str) -> ExecutionResult:
-    return ExecutionResult(success=False, error_type=error_type, error=error, backend="pyodide")
+    return ExecutionResult(status="error", exception=error_type, error=error, backend="pyodide")
 
 
 def test_the_failed_import_is_read_from_the_traceback() -> None:

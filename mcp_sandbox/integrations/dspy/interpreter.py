@@ -33,6 +33,7 @@ from anyio.from_thread import BlockingPortal
 from dspy.utils.callback import BaseCallback  # type: ignore[import-untyped]
 from dspy.utils.callback import with_callbacks as _untyped_with_callbacks
 
+from mcp_sandbox.backends.registry import BACKENDS
 from mcp_sandbox.errors import InvalidRequest, Refused
 from mcp_sandbox.integrations.dspy.errors import CodeExecutionError, CodeInterpreterError, FinalOutput
 from mcp_sandbox.integrations.dspy.mounts import PART_CHARS, Mounts
@@ -183,7 +184,7 @@ class SandboxInterpreter:
     environment variables by name), `enable_network_access` (hosts code may reach; pyodide) and
     `callbacks`. `deno_command` is refused: this interpreter starts its own runtime.
 
-    Its own, keyword-only: `backend` (pyodide, subprocess or inprocess; default: the
+    Its own, keyword-only: `backend` (a backend's name, or auto; default: the
     `MCP_SANDBOX_BACKEND` setting), `timeout` (seconds per execute), and any other mcp-sandbox
     setting (`memory_mb=1024`, `data_dir=...`). Safe to use from several threads: calls take
     turns. `shutdown()` ends it (a `with` block does too).
@@ -265,7 +266,7 @@ class SandboxInterpreter:
 
     @property
     def backend(self) -> str | None:
-        """The backend in use once started (pyodide, subprocess or inprocess), else None."""
+        """The name of the backend in use once started, else None."""
         return self._runtime.sandbox.backend if self._runtime is not None else None
 
     @with_callbacks
@@ -363,17 +364,19 @@ class SandboxInterpreter:
         self._runtime = runtime
         self._close = weakref.finalize(self, runtime.close)
         backend = runtime.sandbox.backend
-        if self.enable_network_access and backend != "pyodide":
+        if self.enable_network_access and not BACKENDS[backend].network:
             self._end()
+            networked = " or ".join(name for name, entry in BACKENDS.items() if entry.network)
             raise CodeInterpreterError(
-                f"enable_network_access needs the pyodide backend; the {backend} backend gives code "
+                f"enable_network_access needs the {networked} backend; the {backend} backend gives code "
                 "no network"
             )
-        if self._mounts.files and backend == "inprocess":
+        if self._mounts.files and not BACKENDS[backend].isolated:
             self._end()
+            sandboxes = " or ".join(name for name, entry in BACKENDS.items() if entry.isolated)
             raise CodeInterpreterError(
-                "enable_read_paths and enable_write_paths need a sandbox (pyodide or subprocess); in-process "
-                "code runs on the host, where it opens host files itself"
+                f"enable_read_paths and enable_write_paths need a sandbox ({sandboxes}); the {backend} "
+                "backend runs code on the host, where it opens host files itself"
             )
         self._ensure_installed()  # also starts the session's sandbox, so start() leaves it warm
         self._sync_tools()
