@@ -21,8 +21,8 @@ from typing import Any
 
 import anyio
 
-from mcp_sandbox.app import create_backend
 from mcp_sandbox.backends.base import Backend, ExecutorHooks, SandboxStartError
+from mcp_sandbox.backends.registry import prepare_backend
 from mcp_sandbox.settings import Settings
 
 NO_HOOKS = ExecutorHooks(None)
@@ -43,9 +43,8 @@ async def measure_tiers(tiers: list[str | None], starts: int, calls: int) -> dic
                 options: dict[str, Any] = {"backend": "subprocess"}
                 if tier is not None:
                     options["isolation"] = tier
-                backend = create_backend(Settings.model_validate(options), NO_HOOKS, group)
                 try:
-                    await backend.prepare()
+                    backend = await prepare_backend(Settings.model_validate(options), NO_HOOKS, group)
                 except SandboxStartError as error:
                     results[tier or "subprocess"] = {"missing": str(error)[:200]}
                     continue

@@ -28,9 +28,9 @@ from bench_bridge import bridged
 from common import save
 from mcp import Client, StdioServerParameters
 
-from mcp_sandbox.app import create_backend
 from mcp_sandbox.backends.base import Backend, ExecutorHooks
 from mcp_sandbox.backends.pyodide import RUNNER_DIR, PyodideBackend, find_deno, pyodide_version
+from mcp_sandbox.backends.registry import prepare_backend
 from mcp_sandbox.settings import Settings
 
 BACKENDS = ("pyodide", "subprocess", "inprocess")
@@ -194,8 +194,7 @@ async def measure_executor(backend_name: str, calls: int) -> dict[str, Any]:
     with anyio.fail_after(COLD_PHASE_LIMIT_S):
         async with anyio.create_task_group() as tg:
             settings = Settings.model_validate({"backend": backend_name})
-            backend: Backend = create_backend(settings, NO_HOOKS, tg)
-            await backend.prepare()
+            backend: Backend = await prepare_backend(settings, NO_HOOKS, tg)
             for _ in range(COLD_STARTS):
                 started = time.perf_counter()
                 executor = await backend.start()

@@ -29,8 +29,8 @@ import anyio
 from bench_latency import NO_HOOKS
 
 from mcp_sandbox import Sandbox
-from mcp_sandbox.app import create_backend
 from mcp_sandbox.backends.base import Checkpoint, Executor
+from mcp_sandbox.backends.registry import prepare_backend
 from mcp_sandbox.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -67,8 +67,7 @@ async def sandboxes(packages: Path) -> dict[str, Any]:
     """Checkpoint, restore and recycle per kind of session; start and idle memory per preload."""
     results: dict[str, Any] = {}
     async with anyio.create_task_group() as group:
-        backend = create_backend(settings(packages), NO_HOOKS, group)
-        await backend.prepare()
+        backend = await prepare_backend(settings(packages), NO_HOOKS, group)
         for kind, code in (("pure Python", PURE), ("the extension", NATIVE)):
             sizes, takes, restores, recycles = [], [], [], []
             for _ in range(REPEATS):
@@ -99,8 +98,7 @@ async def sandboxes(packages: Path) -> dict[str, Any]:
         group.cancel_scope.cancel()
     for preload in ("", "dummy-pyodide-ext-test"):
         async with anyio.create_task_group() as group:
-            backend = create_backend(settings(packages, preload), NO_HOOKS, group)
-            await backend.prepare()
+            backend = await prepare_backend(settings(packages, preload), NO_HOOKS, group)
             starts, memory = [], []
             for _ in range(3):
                 began = time.perf_counter()

