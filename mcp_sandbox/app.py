@@ -28,9 +28,10 @@ from mcp_sandbox.metrics import Metrics, Readings
 from mcp_sandbox.policy import policy_violation
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.principals import SOLE, output_folder, scoped
+from mcp_sandbox.progress import ProgressReport
 from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
-from mcp_sandbox.sessions import ProgressReport, Sessions
+from mcp_sandbox.sessions import Sessions
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.stopping import CallStopped, stop_on_cancel
 from mcp_sandbox.store import Store, StoreError, open_store
@@ -113,7 +114,6 @@ class App:
         store = await self._stack.enter_async_context(open_store(self.settings))  # first in, last out
         task_group = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._stop, task_group)
-        sessions = Sessions(self.settings, store, quotas=self.quotas, metrics=self.metrics)
         try:
             if self.settings.bridge_config is not None or self._local is not None:
                 config = BridgeConfig()
@@ -136,7 +136,15 @@ class App:
         )
         self._pool.fill()
         self._backend.start_background_work()
-        sessions.attach(self._pool, self._backend, task_group)
+        sessions = Sessions(
+            self.settings,
+            self._pool,
+            backend=self._backend,
+            store=store,
+            task_group=task_group,
+            quotas=self.quotas,
+            metrics=self.metrics,
+        )
         self._sessions, self._store = sessions, store
         pool, name = self._pool, self._backend.name
         self.metrics.read(

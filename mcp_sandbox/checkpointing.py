@@ -1,5 +1,7 @@
-"""Checkpoints and hibernation: a session's state saved into the store once it is idle, put
-back into a new sandbox when it needs one, and written out to free a sandbox (docs/checkpoints.md)."""
+"""Checkpoints: a session's state saved into the store once it is idle, found again when it needs
+a new sandbox, and what its next result says about that (docs/checkpoints.md). The sandboxes
+themselves are the owner's (`sandboxes.Sandboxes`): it hands this module the one to save from or
+restore into."""
 
 from __future__ import annotations
 
@@ -8,18 +10,15 @@ import os
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import anyio
 import anyio.abc
 
 from mcp_sandbox import tracing
-from mcp_sandbox.backends.base import Backend, Executor, NotDone, SandboxStartError
-from mcp_sandbox.leases import Leases
+from mcp_sandbox.backends.base import Backend, NotDone
 from mcp_sandbox.lifecycle import Refusal, Resumed, Saved, Session, SessionState, Timings, account
 from mcp_sandbox.metrics import Metrics
-from mcp_sandbox.pool import ReadyPool
-from mcp_sandbox.principals import owner
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import LeaseTaken, SavedState, StateUnusable, Store, StoreError
 
@@ -32,10 +31,25 @@ def checkpoints_on(settings: Settings, store: Store | None, backend: Backend | N
     return bool(store and backend and backend.saves_sessions and settings.checkpoints)
 
 
+@dataclass
+class Found:
+    """What the store holds for a session about to get a new sandbox: the checkpoint to restore
+    (None: none, or `problem` says why it cannot be used), its latest call as far as known, the
+    instance it ran on, and its state when it was looked up."""
+
+    state: SessionState
+    latest: int
+    checkpoint: SavedState | None = None
+    problem: str | None = None
+    moved_from: str | None = None
+    recorded: bool = False
+
+
 class Checkpoints:
-    """Checkpoints, restores and hibernation of the sessions in `sessions` (a Sessions's
-    registry: a session no longer in it was reset, and what is written for it is deleted), when
-    `checkpoints_on`; without, a lost session's result still says why it starts fresh."""
+    """Checkpoints and restores of the sessions in `sessions` (a Sessions's registry: a session
+    no longer in it was reset, and what is written for it is deleted), when `checkpoints_on`;
+    without, a lost session's result still says why it starts fresh. `leased`: instances share
+    the store, and only a session whose lease this one holds is saved."""
 
     def __init__(
         self,
@@ -43,9 +57,8 @@ class Checkpoints:
         store: Store | None,
         backend: Backend | None,
         sessions: Mapping[str, Session],
-        ready_pool: ReadyPool,
-        leases: Leases,
         *,
+        leased: bool,
         instance: str,
         timings: Timings,
         task_group: anyio.abc.TaskGroup | None,
@@ -55,8 +68,7 @@ class Checkpoints:
         self._store = store
         self._backend = backend
         self._sessions = sessions
-        self._ready_pool = ready_pool
-        self._leases = leases
+        self._leased = leased
         self._instance = instance
         self._timings = timings
         self._task_group = task_group
@@ -81,40 +93,52 @@ class Checkpoints:
     def _open(self, session: Session) -> bool:
         return self._sessions.get(session.session_id) is session
 
-    async def resume(self, session: Session, renewed: Executor | None = None) -> Resumed:
-        """Give a session without a sandbox a new one holding its last checkpoint, if it has
-        one, and say what that means for its caller (`account`). `renewed`: a clean sandbox to
-        restore into first (its own, renewed in place); with nothing to restore, it is given back
-        (closed: a renewed sandbox serves no other caller)."""
-        try:
-            return await self._resume_in(session, renewed)
-        finally:
-            if renewed is not None and session.executor is not renewed:
-                await self._ready_pool.release(renewed)
-
-    async def _resume_in(self, session: Session, renewed: Executor | None) -> Resumed:
-        state = session.state
+    async def find(self, session: Session) -> Found:
+        """What the store holds for a session without a sandbox: its checkpoint, if one can be
+        used, its record, and why not."""
         moved_from, session.moved_from = session.moved_from, None
-        latest, restored, problem = session.calls, None, None
+        found = Found(session.state, session.calls, moved_from=moved_from)
+        if self._store is None or not self.on:
+            found.problem = self._why_none(session.state)
+            return found
+        try:
+            record = await self._store.read_record(session.session_id)
+        except StoreError as error:  # what it ran is unknown: said, never taken for a new session
+            found.problem = f"the session's saved state could not be read ({error})"
+            return found
+        if record is not None:
+            found.latest, found.recorded = max(found.latest, record.call), True
+            if moved_from is None and record.owner != self._instance and session.state is SessionState.NEW:
+                found.moved_from = record.owner if record.call > 0 else None
+        found.checkpoint, found.problem = await self._load(session)
+        return found
+
+    def _why_none(self, state: SessionState) -> str | None:
+        """Why a lost session has no checkpoint to come back from, without a store in use."""
+        if state is SessionState.LOST and self._backend is not None and not self._backend.saves_sessions:
+            return f"the {self._backend.name} backend keeps no checkpoints"
+        if state is SessionState.LOST and not self._settings.checkpoints:
+            return "checkpoints are off (MCP_SANDBOX_CHECKPOINTS)"
+        return None
+
+    async def said(self, session: Session, found: Found, restored: SavedState | None) -> Resumed:
+        """What the session's next result says, once it has a new sandbox holding `restored`
+        (None: a clean one) (`account`)."""
+        problem = found.problem
         if self._store is not None and self.on:
-            try:
-                record = await self._store.read_record(session.session_id)
-            except StoreError as error:  # what it ran is unknown: said, never taken for a new session
-                record, problem = None, f"the session's saved state could not be read ({error})"
-            if record is not None:
-                latest = max(latest, record.call)
-                if moved_from is None and record.owner != self._instance and state is SessionState.NEW:
-                    moved_from = record.owner if record.call > 0 else None
-            if problem is None:
-                restored, problem = await self._restore(session, renewed)
-            if record is None and restored is None and problem is None and state is SessionState.NEW:
+            if (
+                not found.recorded
+                and restored is None
+                and problem is None
+                and found.state is SessionState.NEW
+            ):
                 problem = await self._lost_with_store()
             self._metrics.count_restore(restored is not None, problem)
-        elif state is SessionState.LOST and self._backend is not None and not self._backend.saves_sessions:
-            problem = f"the {self._backend.name} backend keeps no checkpoints"
-        elif state is SessionState.LOST and not self._settings.checkpoints:
-            problem = "checkpoints are off (MCP_SANDBOX_CHECKPOINTS)"
-        return account(state, latest, restored, problem, moved_from)
+        return account(found.state, found.latest, restored, problem, found.moved_from)
+
+    def restored(self, session: Session, state: SavedState) -> None:
+        """The session's sandbox now holds checkpoint `state`: it is at that call, saved."""
+        session.calls, session.saved, session.refusal = state.call, Saved(state.call, state.lost), None
 
     async def _lost_with_store(self) -> str | None:
         """Why a session the store has no record of may be one that ran and is gone: the store
@@ -133,54 +157,30 @@ class Checkpoints:
             "its variables are gone"
         )
 
-    @tracing.traced("mcp_sandbox.restore")
-    async def _restore(
-        self, session: Session, renewed: Executor | None = None
-    ) -> tuple[SavedState | None, str | None]:
-        """Put the session's checkpoint into a new sandbox (its executor): the checkpoint, or
-        None and why it could not be used (None: there was none)."""
+    async def _load(self, session: Session) -> tuple[SavedState | None, str | None]:
+        """The session's checkpoint, if this sandbox build can restore it, or None and why it
+        cannot be used (None: there was none). One that cannot be used is deleted."""
         assert self._store is not None and self._backend is not None
         store, backend = self._store, self._backend
         try:
             state = await store.load(session.session_id)
         except StateUnusable as error:
-            await store.delete_checkpoint(session.session_id)
-            session.saved = replace(session.saved, call=0)
+            await self._drop(session)
             return None, f"the session's saved state could not be used ({error})"
         except StoreError as error:
             return None, f"the session's saved state could not be read ({error})"
-        if state is None:
-            return None, None
-        if state.backend != backend.name or state.build != backend.build:
-            await store.delete_checkpoint(session.session_id)
-            session.saved = replace(session.saved, call=0)
+        if state is not None and (state.backend != backend.name or state.build != backend.build):
+            await self._drop(session)
             return None, (
                 f"the session's saved state is from another sandbox build ({state.build}; this "
                 f"server runs {backend.build})"
             )
-        executor = (
-            renewed
-            if renewed is not None and renewed.alive
-            else await self._ready_pool.acquire(principal=owner(session.session_id))
-        )
-        refused = await executor.restore(state.payload)
-        if refused is not None:
-            await executor.close()  # half restored, perhaps: never reused
-            # A pooled sandbox may have been used (recycled) in a way that rules it out: a new one.
-            first = refused
-            try:
-                executor = await backend.start()
-                refused = await executor.restore(state.payload)
-            except SandboxStartError as error:
-                refused = NotDone(f"{first.reason}; and a new sandbox did not start: {error}")
-            else:
-                if refused is not None:
-                    await executor.close()
-        if refused is not None:
-            return None, f"the session's checkpoint could not be restored ({refused.reason})"
-        session.to(SessionState.LIVE, executor)
-        session.calls, session.saved, session.refusal = state.call, Saved(state.call, state.lost), None
         return state, None
+
+    async def _drop(self, session: Session) -> None:
+        assert self._store is not None
+        await self._store.delete_checkpoint(session.session_id)
+        session.saved = replace(session.saved, call=0)
 
     async def _forget(self, session_id: str) -> None:
         """Delete a reset session's saved state; what a store cannot delete now, it sweeps or
@@ -210,12 +210,7 @@ class Checkpoints:
         after each checkpoint, and after a restore or a loss): then any call after the stored
         checkpoint has left a record beyond it, which is all a restore needs to know."""
         store = self._store
-        if (
-            store is None
-            or not self.on
-            or not self._open(session)
-            or session.saved.call < session.recorded <= session.calls
-        ):
+        if store is None or not self.on or not self._open(session) or session.record_is_current:
             return []
         try:
             await store.write_record(session.session_id, session.calls, self._instance, session.lease)
@@ -246,12 +241,12 @@ class Checkpoints:
                 if session.live and session.calls == call and not self._closing:
                     session.to(SessionState.CHECKPOINTING)
                     try:
-                        await self._save(session)
+                        await self.save(session)
                     finally:
                         session.to(SessionState.LIVE)
 
     @tracing.traced("mcp_sandbox.checkpoint")
-    async def _save(self, session: Session) -> bool:
+    async def save(self, session: Session) -> bool:
         """Checkpoint the session (its lock held) unless the store's copy is current: whether the
         store now holds its whole state. A refusal goes into the session's next result, once."""
         assert self._store is not None and self._backend is not None
@@ -262,46 +257,58 @@ class Checkpoints:
             return False  # nothing ran since: asking again would get the same answer
         if executor is None or not executor.alive:
             return False
-        lease = session.lease
-        if self._leases.on and lease is None:
+        if self._leased and session.lease is None:
             return False  # another instance may run it now: its checkpoint is the one to keep
         saved = await executor.checkpoint()
-        if not isinstance(saved, NotDone):
-            state = SavedState(self._backend.name, self._backend.build, saved.payload, call, saved.lost)
-            try:
-                await self._store.save(session.session_id, state, lease)
-            except LeaseTaken as error:
-                saved = NotDone(str(error))
-                self._metrics.store_errors.labels("save").inc()
-            except StoreError as error:
-                self._metrics.store_errors.labels("save").inc()
-                logger.warning("session %r: %s", session.session_id, error)
-                session.notes.extend(self._pause(session, error))
-                return False
-            else:
-                if not self._open(session):
-                    # Reset while it was being written: what was written belongs to nobody.
-                    await self._forget(session.session_id)
-                    return False
-                session.saved, session.refusal = Saved(call, saved.lost), None
-                self._metrics.count_checkpoint(len(state.payload))
-                if session in self._paused:
-                    self._paused.discard(session)
-                    session.notes.append(
-                        f"checkpoints resumed: the session's state after call {call} is in the store"
-                    )
-                return not saved.lost
-        if session.refusal is None or saved.reason != session.refusal.reason:
+        if isinstance(saved, NotDone):
+            self._refused(session, call, saved)
+            return False
+        state = SavedState(self._backend.name, self._backend.build, saved.payload, call, saved.lost)
+        stored = await self._store_state(session, state)
+        if isinstance(stored, NotDone):
+            self._refused(session, call, stored)
+            return False
+        return stored and not saved.lost
+
+    async def _store_state(self, session: Session, state: SavedState) -> NotDone | bool:
+        """Write a checkpoint: whether it landed, or a refusal to say (a store that fails says so
+        once, `_pause`; a session reset meanwhile is gone)."""
+        assert self._store is not None
+        try:
+            await self._store.save(session.session_id, state, session.lease)
+        except LeaseTaken as error:
+            self._metrics.store_errors.labels("save").inc()
+            return NotDone(str(error))
+        except StoreError as error:
+            self._metrics.store_errors.labels("save").inc()
+            logger.warning("session %r: %s", session.session_id, error)
+            session.notes.extend(self._pause(session, error))
+            return False
+        if not self._open(session):
+            # Reset while it was being written: what was written belongs to nobody.
+            await self._forget(session.session_id)
+            return False
+        session.saved, session.refusal = Saved(state.call, state.lost), None
+        self._metrics.count_checkpoint(len(state.payload))
+        if session in self._paused:
+            self._paused.discard(session)
+            session.notes.append(
+                f"checkpoints resumed: the session's state after call {state.call} is in the store"
+            )
+        return True
+
+    def _refused(self, session: Session, call: int, refused: NotDone) -> None:
+        """Say a refused checkpoint in the session's next result, once for each reason."""
+        if session.refusal is None or refused.reason != session.refusal.reason:
             kept = (
                 f" (a restore brings back its state after call {session.saved.call})"
                 if session.saved.call
                 else ""
             )
             session.notes.append(
-                f"the session's state after call {call} was not checkpointed{kept}: {saved.reason}"
+                f"the session's state after call {call} was not checkpointed{kept}: {refused.reason}"
             )
-        session.refusal = Refusal(saved.reason, call)
-        return False
+        session.refusal = Refusal(refused.reason, call)
 
     def _pause(self, session: Session, error: StoreError) -> list[str]:
         """The store could not be written (unreachable, full): what the session's caller is told,
@@ -321,77 +328,6 @@ class Checkpoints:
             "the next result that follows a checkpoint landing says they resumed"
         ]
 
-    async def hand_over(self, session: Session) -> None:
-        """Another instance asked for the session: once its running call, if any, ends, write it
-        out and let it go (hibernated here, its lease given up), so the asker restores it at once.
-        A session whose state cannot be carried whole stays; the asker's wait runs out and says so."""
-        if await self._hibernate(session, wait_for_call=True):
-            self._metrics.handovers.inc()
-            logger.info("session %r handed over to the instance that asked for it", session.session_id)
-            return
-        async with session.lock:
-            executor = session.executor
-            if executor is None or executor.alive or not self._open(session):
-                return
-            # Its sandbox died before a checkpoint took what ran since: the store's checkpoint is all
-            # there is, and the asker restores it and says what was lost, as this instance would.
-            session.to(SessionState.LOST)
-            await executor.close()
-            await self._leases.release(session)
-        self._metrics.handovers.inc()
-        logger.info(
-            "session %r, its sandbox dead, handed over to the instance that asked for it", session.session_id
-        )
-
-    async def _hibernate(
-        self, session: Session, *, wait_for_checkpoint: bool = False, wait_for_call: bool = False
-    ) -> bool:
-        """Write an idle session out and give its sandbox back to the pool: whether it was.
-        Never when its state cannot be carried whole (the session then stays live)."""
-        if session.executor is None or self._closing:
-            return False
-        if session.lock.locked() and not (
-            wait_for_call or (wait_for_checkpoint and session.state is SessionState.CHECKPOINTING)
-        ):
-            return False  # in a call: not idle
-        async with session.lock:
-            if session.executor is None or not self._open(session) or not await self._save(session):
-                return False
-            executor = session.to(SessionState.HIBERNATED)
-            assert executor is not None
-            await self._ready_pool.release(executor)
-            await self._leases.release(session)
-        logger.info("session %r hibernated after call %d", session.session_id, session.saved.call)
-        return True
-
-    async def make_room(self, coming: Session) -> None:
-        """Before `coming` takes a sandbox: hibernate the least recently used idle sessions
-        while MCP_SANDBOX_MAX_LIVE_SANDBOXES are live."""
-        limit = self._settings.max_live_sandboxes
-        if not limit or not self.on:
-            return
-
-        def live() -> list[Session]:
-            return [s for s in self._sessions.values() if s.live and s is not coming]
-
-        for session in sorted(live(), key=lambda s: s.last_used):
-            if len(live()) < limit:
-                return
-            # An idle-time checkpoint holding its lock would otherwise pass it over for a newer one.
-            await self._hibernate(session, wait_for_checkpoint=True)
-
-    async def hibernate_idle(self) -> None:
-        """Hibernate sessions idle for MCP_SANDBOX_HIBERNATE_AFTER seconds, forever (run it in a task)."""
-        after = self._settings.hibernate_after
-        if not after or not self.on:
-            return
-        while True:
-            await anyio.sleep(min(self._timings.sweep_interval, after / 2))
-            deadline = time.monotonic() - after
-            for session in list(self._sessions.values()):
-                if session.live and session.last_used < deadline:
-                    await self._hibernate(session)
-
     async def close(self) -> None:
         """Checkpoint the live sessions that ran since their last checkpoint, for at most
         `Timings.closing_save` in all; then start no more checkpoints."""
@@ -400,5 +336,5 @@ class Checkpoints:
                 for session in list(self._sessions.values()):
                     async with session.lock:  # a checkpoint being taken is waited for, not skipped
                         if session.live and session.calls != session.saved.call:
-                            await self._save(session)
+                            await self.save(session)
         self._closing = True

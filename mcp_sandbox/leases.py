@@ -7,13 +7,14 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from enum import Enum
 
 import anyio
 
 from mcp_sandbox.errors import SessionElsewhere, StoreUnavailable
-from mcp_sandbox.lifecycle import Saved, Session, SessionState
-from mcp_sandbox.pool import ReadyPool
+from mcp_sandbox.lifecycle import Saved, Session
+from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import Lease, LeaseHeld, LeaseTaken, Store, StoreError
 
 logger = logging.getLogger(__name__)
@@ -40,30 +41,20 @@ RETAKE_MARGIN_S = 3.0
 
 class Leases:
     """The leases of the sessions in `sessions` (a Sessions's registry), held as `instance`
-    for MCP_SANDBOX_LEASE_SECONDS at a time. Without a store there is nothing to share, and
-    every method does nothing."""
+    for MCP_SANDBOX_LEASE_SECONDS at a time, on `store`. Without a store there is nothing to share, and
+    every method does nothing. A lease says whether a sandbox here may run its session; the
+    sandbox itself is the owner's (`sandboxes.Sandboxes`), told when another instance took it."""
 
     def __init__(
-        self,
-        store: Store | None,
-        seconds: float,
-        instance: str,
-        sessions: Mapping[str, Session],
-        ready_pool: ReadyPool,
-        *,
-        renew_each_call: bool = False,
+        self, store: Store | None, settings: Settings, instance: str, sessions: Mapping[str, Session]
     ) -> None:
         self._store = store
         #: A store that can lose a lease before its holder hears of it (Redis restarted without its
         #: data): each call renews its lease first, so no other instance took the session up meanwhile.
-        self._renew_each_call = renew_each_call
-        self._seconds = seconds
+        self._renew_each_call = settings.redis_url is not None
+        self._seconds = settings.lease_seconds
         self._instance = instance
         self._sessions = sessions
-        self._ready_pool = ready_pool
-        #: Called with a session whose lease the store had lost and that was taken again: its
-        #: checkpoint went with it, so one is taken (Checkpoints.when_idle).
-        self.on_retaken: Callable[[Session], None] | None = None
         self._asks_failing = False
         #: Sessions whose lease another instance took while a call ran here: their sandbox holds a
         #: state the other may have moved past, given back before they run again. (The store's
@@ -74,67 +65,88 @@ class Leases:
     def on(self) -> bool:
         return self._store is not None
 
-    async def hold(self, session: Session) -> None:
+    @property
+    def renew_interval(self) -> float:
+        """How often live sessions' leases are renewed: a third of a lease."""
+        return self._seconds / 3
+
+    async def hold(self, session: Session) -> bool:
         """Make sure this instance holds the session's lease (its lock held), waiting up to
-        MCP_SANDBOX_LEASE_SECONDS for another instance's to run out. A sandbox kept from before
-        another instance ran the session is given back: its state is older than the store's.
-        A session live here runs on while the store cannot be reached; one that is not waits
-        for the store up to STORE_WAIT_S. Raises SessionElsewhere and StoreUnavailable."""
+        MCP_SANDBOX_LEASE_SECONDS for another instance's to run out. Whether the sandbox the
+        session has here is stale (another instance ran it since: the store's state is newer),
+        for the owner to give back. A session live here runs on while the store cannot be
+        reached; one that is not waits for the store up to STORE_WAIT_S. Raises SessionElsewhere
+        and StoreUnavailable."""
         if self._store is None:
-            return
-        store, seconds = self._store, self._seconds
-        if session in self._taken:  # another instance took its lease while a call ran here
+            return False
+        stale = session in self._taken  # another instance took its lease while a call ran here
+        if stale:
             self._taken.discard(session)
             session.lease = None
-            await self._give_back(session)
         held = session.lease
-        if held is not None and not self._renew_each_call and held.expires - time.time() > seconds / 2:
-            return  # renewed in the background; nobody can have taken it
         if held is not None:
-            # Renewed rather than acquired, so a lease that ran out while the store could not be
-            # reached, or that the store lost (restarted empty), stays this instance's if nobody
-            # took the session since: its sandbox holds the latest state.
-            try:
-                renewed = await store.renew_lease(held, seconds)
-            except LeaseTaken:
-                # Another instance ran it: its sandbox here holds an older state than the store's.
-                await self._give_back(session)
-            except StoreError as error:
-                logger.warning("session %r runs on without renewing its lease: %s", session.session_id, error)
-                return
-            else:
-                session.lease = renewed
-                if renewed.retaken:
-                    self._retaken(session)
-                return
-        if session.executor is None:
+            renewed = await self._renew_held(session, held)
+            if renewed is not None:
+                return False
+            stale = True  # another instance ran it: its sandbox here holds an older state
+        live_here = session.executor is not None and not stale
+        lease = await self._acquire(session, live_here)
+        if lease is None:
+            return stale  # live here, the store unreachable: it runs on without a lease
+        session.lease = lease
+        if lease.taken_from is not None:
+            session.moved_from = lease.taken_from
+        taken_meanwhile = held is None or lease.token != held.token
+        # Another instance may have run it since: the store's state is the one to go on from.
+        return stale or (taken_meanwhile and live_here and await self._ran_elsewhere(session, lease))
+
+    async def _renew_held(self, session: Session, held: Lease) -> Lease | None:
+        """Renew a lease this instance holds, rather than acquire one, so a lease that ran out
+        while the store could not be reached, or that the store lost (restarted empty), stays
+        this instance's if nobody took the session since: its sandbox holds the latest state.
+        The lease it holds now; None when another instance took it."""
+        assert self._store is not None
+        if not self._renew_each_call and held.expires - time.time() > self._seconds / 2:
+            return held  # renewed in the background; nobody can have taken it
+        try:
+            renewed = await self._store.renew_lease(held, self._seconds)
+        except LeaseTaken:
+            session.lease = None
+            return None
+        except StoreError as error:
+            logger.warning("session %r runs on without renewing its lease: %s", session.session_id, error)
+            return held
+        session.lease = renewed
+        if renewed.retaken:
+            self._retaken(session)  # the call's own checkpoint carries its state again
+        return renewed
+
+    async def _acquire(self, session: Session, live_here: bool) -> Lease | None:
+        """Take the session's lease, asking its holder to hand it over and waiting for that;
+        None when the store cannot be reached and the session is live here (its sandbox holds
+        its latest state: its lease is renewed once the store answers again)."""
+        assert self._store is not None
+        store, seconds = self._store, self._seconds
+        if not live_here:
             await self._let_holders_retake(store, seconds)
         started = time.monotonic()
         deadline, asked_at = started + max(seconds, HANDOVER_MIN_WAIT_S) + 1, -ASK_AGAIN_S
         while True:
             try:
-                lease = await store.acquire_lease(session.session_id, self._instance, seconds)
-                break
+                return await store.acquire_lease(session.session_id, self._instance, seconds)
             except LeaseHeld as error:
                 if time.monotonic() - asked_at >= ASK_AGAIN_S:
                     # The holder checkpoints the session and lets go once its running call, if any, ends.
                     await store.ask_for(session.session_id, error.owner, self._instance)
                     asked_at = time.monotonic()
                 if time.monotonic() >= deadline:
-                    raise SessionElsewhere(
-                        f"session {session.session_id!r} is running on another instance of this server "
-                        f"({error}), which did not hand it over in time (a call still running there, or "
-                        "state a checkpoint cannot carry); send each session's calls to one instance "
-                        "(docs/deploy.md: hash on Mcp-Param-Session-Id and Mcp-Session-Id), or retry"
-                    ) from None
+                    raise _elsewhere(session, error) from None
                 soon = time.monotonic() - started < HANDOVER_WAIT_S
                 await anyio.sleep(HANDOVER_POLL_S if soon else min(1.0, seconds / 10))
             except StoreError as error:
-                if session.executor is not None:
-                    # Live here: its sandbox holds its latest state, and its lease (if it had one)
-                    # is renewed once the store answers again.
+                if live_here:
                     logger.warning("session %r runs on without a lease: %s", session.session_id, error)
-                    return
+                    return None
                 # Not live here: another instance may run it, which only its lease would say.
                 if time.monotonic() - started >= STORE_WAIT_S:
                     raise StoreUnavailable(
@@ -142,13 +154,6 @@ class Leases:
                         f"of saved sessions cannot be reached to take it up ({error}); retry shortly"
                     ) from None
                 await anyio.sleep(STORE_POLL_S)
-        session.lease = lease
-        if lease.taken_from is not None:
-            session.moved_from = lease.taken_from
-        taken_meanwhile = held is None or lease.token != held.token
-        if taken_meanwhile and session.executor is not None and await self._ran_elsewhere(session, lease):
-            # Another instance may have run it since: the store's state is the one to go on from.
-            await self._give_back(session)
 
     async def _let_holders_retake(self, store: Store, seconds: float) -> None:
         """After the store lost its data (Redis restarted without it), the instances running
@@ -184,8 +189,6 @@ class Leases:
             session.session_id,
         )
         session.saved, session.recorded, session.refusal = Saved(), -1, None
-        if self.on_retaken is not None:
-            self.on_retaken(session)
 
     async def asked(self) -> list[str]:
         """The sessions other instances asked this one to hand over since it last looked."""
@@ -225,40 +228,48 @@ class Leases:
         await self._store.delete(session_id)
         await self._store.release_lease(lease)
 
-    async def renew_forever(self) -> None:
-        """Renew the leases of live sessions every third of MCP_SANDBOX_LEASE_SECONDS, forever (run
-        it in a task). A lease found taken (this instance stalled past it) gives its sandbox up."""
-        if self._store is None:
-            return
-        store, seconds = self._store, self._seconds
-        while True:
-            await anyio.sleep(seconds / 3)
-            for session in list(self._sessions.values()):
-                lease = session.lease
-                if lease is None:
-                    continue
-                try:
-                    renewed = await store.renew_lease(lease, seconds)
-                except LeaseTaken:
-                    logger.warning("session %r was taken over by another instance", session.session_id)
-                    if session.lease is lease:
-                        session.lease = None
-                    if session.lock.locked():
-                        self._taken.add(session)  # a call runs in its sandbox: given back at the next
-                    else:
-                        await self._give_back(session)
-                except StoreError as error:
-                    logger.warning("session %r: %s", session.session_id, error)
-                else:
-                    if session.lease is lease:
-                        session.lease = renewed
-                        if renewed.retaken:
-                            self._retaken(session)
+    async def renew(self, session: Session) -> Renewal | None:
+        """Renew a live session's lease (every `renew_interval`, in a task). A lease found taken
+        (this instance stalled past it) loses the session's sandbox: now if it is idle (said as
+        TAKEN, for the owner to give back), else before its next call (`hold`)."""
+        lease = session.lease
+        if self._store is None or lease is None:
+            return None
+        try:
+            renewed = await self._store.renew_lease(lease, self._seconds)
+        except LeaseTaken:
+            logger.warning("session %r was taken over by another instance", session.session_id)
+            if session.lease is lease:
+                session.lease = None
+            if session.lock.locked():
+                self._taken.add(session)  # a call runs in its sandbox: given back at the next
+                return None
+            return Renewal.TAKEN
+        except StoreError as error:
+            logger.warning("session %r: %s", session.session_id, error)
+            return None
+        if session.lease is not lease:
+            return None
+        session.lease = renewed
+        if not renewed.retaken:
+            return None
+        self._retaken(session)
+        return Renewal.RETAKEN
 
-    async def _give_back(self, session: Session) -> None:
-        """Another instance took the session up: its sandbox here, if it has one, goes back."""
-        if session.executor is None:
-            return
-        executor = session.to(SessionState.MOVED)
-        assert executor is not None
-        await self._ready_pool.release(executor)
+
+class Renewal(Enum):
+    """What renewing a lease found, for the session's sandbox and checkpoints."""
+
+    #: Another instance took the idle session up: its sandbox here holds an older state.
+    TAKEN = "taken"
+    #: The store had lost the lease and this instance took it again: its checkpoint went with it.
+    RETAKEN = "retaken"
+
+
+def _elsewhere(session: Session, error: LeaseHeld) -> SessionElsewhere:
+    return SessionElsewhere(
+        f"session {session.session_id!r} is running on another instance of this server "
+        f"({error}), which did not hand it over in time (a call still running there, or "
+        "state a checkpoint cannot carry); send each session's calls to one instance "
+        "(docs/deploy.md: hash on Mcp-Param-Session-Id and Mcp-Session-Id), or retry"
+    )

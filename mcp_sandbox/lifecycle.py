@@ -131,6 +131,12 @@ class Session:
     def live(self) -> bool:
         return self._state in WITH_SANDBOX
 
+    @property
+    def record_is_current(self) -> bool:
+        """The store's record shows the session past its checkpoint, at a call it has reached:
+        any later call leaves a record beyond the checkpoint, which is all a restore needs."""
+        return self.saved.call < self.recorded <= self.calls
+
     def to(self, state: SessionState, executor: Executor | None = None) -> Executor | None:
         """Move to `state`, with `executor` when it gets a sandbox; the sandbox it gives up, for the
         caller to give back or close (None: it had none, or keeps it). Raises AssertionError for
@@ -182,17 +188,7 @@ def account(
     """
     elsewhere = f" on another server process ({ran_on}) that stopped" if ran_on else ""
     if restored is not None:
-        call = restored.call
-        if state is SessionState.HIBERNATED and call == latest and not restored.lost:
-            return Resumed()
-        said = f"the session was restored from its checkpoint after call {call}"
-        if ran_on:
-            said += f"; it ran{elsewhere}"
-        if call < latest:
-            said += "; what later calls did is gone"
-            if state in (SessionState.HIBERNATED, SessionState.LOST):  # this instance knows them all
-                said += f" (call {latest})" if latest == call + 1 else f" (calls {call + 1} to {latest})"
-        return Resumed(from_call=call, notes=[said, *restored.lost])
+        return _restored(state, latest, restored, elsewhere)
     if problem is not None:
         return Resumed(notes=[f"{problem}, so it starts fresh"], lost=True)
     if state is SessionState.LOST:
@@ -207,3 +203,18 @@ def account(
         )
         said += ", so its variables are gone"
     return Resumed(notes=[said], lost=True)
+
+
+def _restored(state: SessionState, latest: int, restored: SavedState, elsewhere: str) -> Resumed:
+    """What a session's next result says once its checkpoint is back (`account`)."""
+    call = restored.call
+    if state is SessionState.HIBERNATED and call == latest and not restored.lost:
+        return Resumed()
+    said = f"the session was restored from its checkpoint after call {call}"
+    if elsewhere:
+        said += f"; it ran{elsewhere}"
+    if call < latest:
+        said += "; what later calls did is gone"
+        if state in (SessionState.HIBERNATED, SessionState.LOST):  # this instance knows them all
+            said += f" (call {latest})" if latest == call + 1 else f" (calls {call + 1} to {latest})"
+    return Resumed(from_call=call, notes=[said, *restored.lost])

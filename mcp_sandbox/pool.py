@@ -128,6 +128,11 @@ class ReadyPool:
         self.fill()
         return executor
 
+    async def start_new(self) -> Executor:
+        """A sandbox started for its caller alone, never used before: for what a pooled one
+        may have been ruled out of by its use (a restore). Raises SandboxStartError."""
+        return await self._start()
+
     async def release(self, executor: Executor, *, lent: bool = False) -> None:
         """Take back a sandbox its caller is done with (`lent`: one from `acquire(lend=True)`):
         closed before this returns, or recycled in the background."""

@@ -1,4 +1,5 @@
-"""Sessions: named sandboxes whose variables persist from call to call until they expire."""
+"""Sessions: named sandboxes whose variables persist from call to call until they expire. The
+path of one call, as its steps: hold the session's lease, get its sandbox, run, settle, say."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import anyio
 import anyio.abc
@@ -15,56 +18,40 @@ import anyio.abc
 from mcp_sandbox.backends.base import Backend, Executor
 from mcp_sandbox.checkpointing import Checkpoints, checkpoints_on
 from mcp_sandbox.errors import SessionLimitReached
-from mcp_sandbox.leases import ASKS_INTERVAL_S, Leases
+from mcp_sandbox.leases import ASKS_INTERVAL_S, Leases, Renewal
 from mcp_sandbox.lifecycle import Resumed, Session, SessionState, Timings
 from mcp_sandbox.metrics import Metrics
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.principals import SOLE, owner
+from mcp_sandbox.progress import ProgressRelay, ProgressReport
 from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
+from mcp_sandbox.sandboxes import Sandboxes
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.stopping import stopped_by
 from mcp_sandbox.store import Store, StoreError
 
 logger = logging.getLogger(__name__)
 
-#: Receives (seconds elapsed, latest line of output) while a call runs.
-ProgressReport = Callable[[float, str | None], Awaitable[None]]
 
+@dataclass(frozen=True)
+class Call:
+    """One call's program and what it runs under: its timeout, whom to tell its progress, and
+    the event that stops it (its caller went away)."""
 
-class ProgressRelay:
-    """Reports a running call's progress every `interval` seconds, with the latest line its
-    program printed (pushed by the executor), so a client waiting on a long computation hears
-    that it runs, and what it last said, at a steady pace."""
-
-    def __init__(self, report: ProgressReport, interval: float) -> None:
-        self._report = report
-        self._interval = interval
-        self._line: str | None = None
-
-    def push(self, line: str) -> None:
-        self._line = line
-
-    async def report_until_cancelled(self, stop: anyio.Event) -> None:
-        started = time.monotonic()
-        while True:
-            await anyio.sleep(self._interval)
-            if stop.is_set():
-                return  # the caller went away: nobody to tell
-            try:
-                await self._report(time.monotonic() - started, self._line)
-            except Exception as error:  # noqa: BLE001 - a client that cannot take progress still gets its result
-                logger.debug("progress report failed: %s", error)
-                return
+    code: str
+    timeout: float
+    progress: ProgressReport | None
+    stop: anyio.Event
 
 
 class Sessions:
-    """Runs code in sessions. Owns every executor that is handed out of the ready pool.
+    """Runs code in sessions.
 
-    A call without a session id gets a clean sandbox from the ready pool and gives it back
-    afterwards, to be recycled (reset in place) or closed, so nothing it did can reach a later
+    A call without a session id gets a clean sandbox lent from the ready pool, given back
+    afterwards to be recycled (reset in place) or closed, so nothing it did can reach a later
     call. A session keeps its sandbox; calls in one session run one at a time, calls in
-    different sessions run side by side. An ended session's sandbox goes back the same way.
+    different sessions run side by side. `Sandboxes` owns every sandbox a session holds.
 
     With a store, a session's state is checkpointed once it is idle, and a session whose
     sandbox is killed comes back from its last checkpoint in a new sandbox (`Checkpoints`); a
@@ -75,68 +62,42 @@ class Sessions:
     def __init__(
         self,
         settings: Settings,
+        pool: ReadyPool,
+        *,
+        backend: Backend | None = None,
         store: Store | None = None,
+        task_group: anyio.abc.TaskGroup | None = None,
         timings: Timings | None = None,
         quotas: Quotas | None = None,
         metrics: Metrics | None = None,
     ) -> None:
+        """`backend`: what checkpoints are saved as; `task_group`: where (None: no checkpoints)."""
         self._timings = timings or Timings()
         self._metrics = metrics or Metrics()
         #: Each principal's limits on sessions and live sandboxes.
         self._quotas = quotas or Quotas(Limits.from_settings(settings))
-        self._pool: ReadyPool | None = None
-        self._attached: tuple[Checkpoints, Leases] | None = None
         self._settings = settings
         self._store = store
         self._sessions: dict[str, Session] = {}
         #: Names this instance in the leases it takes (and in the errors of other instances).
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-    def attach(
-        self, pool: ReadyPool, backend: Backend | None = None, task_group: anyio.abc.TaskGroup | None = None
-    ) -> None:
-        """The pool sandboxes come from (made after the backend, which takes `on_progress`); the
-        backend checkpoints are saved as, and the task group they are taken in (none: no checkpoints)."""
-        self._pool = pool
         # Without checkpoints no other instance could take a session up: nothing to lease.
-        leased = self._store if checkpoints_on(self._settings, self._store, backend) else None
-        leases = Leases(
-            leased,
-            self._settings.lease_seconds,
-            self.instance,
-            self._sessions,
-            pool,
-            renew_each_call=self._settings.redis_url is not None,
-        )
-        checkpoints = Checkpoints(
-            self._settings,
-            self._store,
+        leased = store if checkpoints_on(settings, store, backend) else None
+        self._leases = Leases(leased, settings, self.instance, self._sessions)
+        self._checkpoints = Checkpoints(
+            settings,
+            store,
             backend,
             self._sessions,
-            pool,
-            leases,
+            leased=self._leases.on,
             instance=self.instance,
             timings=self._timings,
             task_group=task_group,
             metrics=self._metrics,
         )
-        leases.on_retaken = checkpoints.when_idle
-        self._attached = checkpoints, leases
-
-    @property
-    def _ready_pool(self) -> ReadyPool:
-        assert self._pool is not None, "attach a pool first"
-        return self._pool
-
-    @property
-    def _checkpoints(self) -> Checkpoints:
-        assert self._attached is not None, "attach a pool first"
-        return self._attached[0]
-
-    @property
-    def _leases(self) -> Leases:
-        assert self._attached is not None, "attach a pool first"
-        return self._attached[1]
+        self._sandboxes = Sandboxes(
+            settings, pool, self._checkpoints, self._leases, self._sessions, self._metrics
+        )
 
     def has(self, session_id: str) -> bool:
         """Whether the session is open here (live or hibernated)."""
@@ -179,18 +140,32 @@ class Sessions:
         its timeout). Raises PoolUnavailable, SessionLimitReached, SessionElsewhere,
         PrincipalLimitReached when the principal is at one of its limits, and CallStopped when
         `stop` came before the program started."""
-        stop = stop or anyio.Event()
+        call = Call(code, timeout, progress, stop or anyio.Event())
         if session_id is None:
-            for _ in range(2):  # once more if the sandbox turns out to have died while it waited
-                async with stopped_by(stop):
-                    executor = await self._ready_pool.acquire(lend=True, principal=principal)
-                try:
-                    result = await self._run_in(executor, code, timeout, progress, stop)
-                finally:
-                    await self._ready_pool.release(executor, lent=True)
-                if not executor.found_dead:
-                    break
-            return result
+            return await self._run_alone(call, principal)
+        session = self._open(session_id, principal)
+        async with self._holding(session, call.stop):
+            executor, resumed = await self._get_sandbox(session, principal, call.stop)
+            result, executor, resumed = await self._run(session, executor, resumed, call, principal)
+            resumed = await self._settle(session, executor, result, resumed)
+            return said(result, session, resumed, await self._checkpoints.write_record(session))
+
+    async def _run_alone(self, call: Call, principal: str) -> ExecutionResult:
+        """A call without a session, in a clean sandbox lent for it; once more in another if that
+        one turns out to have died while it waited (the program never started)."""
+        for _ in range(2):
+            async with stopped_by(call.stop):
+                executor = await self._sandboxes.lend(principal)
+            try:
+                result = await self._run_in(executor, call)
+            finally:
+                await self._sandboxes.take_back_lent(executor)
+            if not executor.found_dead:
+                break
+        return result
+
+    def _open(self, session_id: str, principal: str) -> Session:
+        """The session, made if it is new, once the principal's and the server's limits allow."""
         session = self._sessions.get(session_id)
         opened, live = self._held_by(principal)
         if session is None:
@@ -206,99 +181,94 @@ class Sessions:
                     f"({self._settings.session_ttl:g} s)"
                 )
             session = self._sessions[session_id] = Session(session_id)
+        return session
+
+    @asynccontextmanager
+    async def _holding(self, session: Session, stop: anyio.Event) -> AsyncIterator[None]:
+        """The session's lock for one call; after it, the owner settles what a reset meanwhile or
+        a sandbox lost left behind."""
         async with stopped_by(stop):
             await session.lock.acquire()
         try:
-            try:
-                async with stopped_by(stop):
-                    await self._leases.hold(session)
-                    executor, resumed = await self._provide(session, principal)
-                result = await self._run_in(executor, code, timeout, progress, stop)
-                if result.session_lost and executor.found_dead and resumed.said_nothing:
-                    # Died between calls unnoticed until now: the program never started, so it runs
-                    # in the sandbox the session gets instead, as if the death had been seen first.
-                    await self._lose_sandbox(session)
-                    if not session.calls:
-                        session.to(SessionState.NEW)  # nothing had run in it: nothing is lost
-                    async with stopped_by(stop):
-                        executor, resumed = await self._provide(session, principal)
-                    result = await self._run_in(executor, code, timeout, progress, stop)
-                if result.session_lost:
-                    renewed = await self._lose_sandbox(session, keep_renewed=True)
-                    resumed = await self._checkpoints.resume(session, renewed)
-                if resumed.lost:
-                    await self._checkpoints.start_fresh(session)
-                if not result.session_lost:
-                    session.calls += 1
-                    await executor.jit_warm_up()
-                    self._checkpoints.when_idle(session)
-                notes = await self._checkpoints.write_record(session)
-                update: dict[str, object] = {
-                    "session_id": session_id,
-                    "notes": [*session.notes, *resumed.notes, *notes, *result.notes],
-                }
-                session.notes.clear()
-                if resumed.from_call is not None:
-                    update |= {
-                        "session_lost": False,
-                        "session_restored": True,
-                        "restored_from_call": resumed.from_call,
-                    }
-                if resumed.lost:
-                    update["session_lost"] = True
-                return result.model_copy(update=update)
-            finally:
-                session.last_used = time.monotonic()
-                if self._sessions.get(session_id) is not session and session.executor is not None:
-                    # Reset while this call waited or ran: the sandbox belongs to nobody now.
-                    await self._give_back(session.to(SessionState.NEW))
-                if session.executor is None:
-                    await self._leases.release(session)
+            yield
         finally:
-            session.lock.release()
+            try:
+                session.last_used = time.monotonic()
+                await self._sandboxes.after_call(session)
+            finally:
+                session.lock.release()
 
-    async def _provide(self, session: Session, principal: str) -> tuple[Executor, Resumed]:
-        """The session's live sandbox: its own, or a new one holding its checkpoint (or a clean
-        one), with what the call's result must say about that. Raises PrincipalLimitReached when
-        `principal` holds as many sandboxes as it may."""
-        if session.executor is not None and not session.executor.alive:
-            await self._lose_sandbox(session)  # died between calls
-        if session.executor is not None:
-            return session.executor, Resumed()
-        with self._quotas.taking_sandbox(principal, self._held_by(principal)[1]):
-            await self._checkpoints.make_room(session)
-            resumed = await self._checkpoints.resume(session)
-            if session.executor is None:
-                session.to(SessionState.LIVE, await self._ready_pool.acquire(principal=principal))
+    async def _get_sandbox(
+        self, session: Session, principal: str, stop: anyio.Event
+    ) -> tuple[Executor, Resumed]:
+        """This instance's lease on the session, then its sandbox: its own, or a new one holding
+        its checkpoint (or a clean one), with what the call's result must say about that. Raises
+        SessionElsewhere, StoreUnavailable, and PrincipalLimitReached when `principal` holds as
+        many sandboxes as it may."""
+        async with stopped_by(stop):
+            executor = await self._sandboxes.own(session)
+            if executor is not None:
+                return executor, Resumed()
+            with self._quotas.taking_sandbox(principal, self._held_by(principal)[1]):
+                resumed = await self._sandboxes.provide(session)
         assert session.executor is not None
         return session.executor, resumed
 
-    async def _give_back(self, executor: Executor | None) -> None:
-        """Give a sandbox a session gave up back to the ready pool."""
-        assert executor is not None
-        await self._ready_pool.release(executor)
+    async def _run(
+        self, session: Session, executor: Executor, resumed: Resumed, call: Call, principal: str
+    ) -> tuple[ExecutionResult, Executor, Resumed]:
+        """Run the call. A sandbox that died between calls unnoticed until the call was sent (the
+        program never started) is replaced, and the call runs in the new one, as if the death had
+        been seen first."""
+        result = await self._run_in(executor, call)
+        if not (executor.found_dead and result.session_lost and resumed.said_nothing):
+            return result, executor, resumed
+        await self._sandboxes.lose_unstarted(session)
+        executor, resumed = await self._get_sandbox(session, principal, call.stop)
+        return await self._run_in(executor, call), executor, resumed
 
-    async def _lose_sandbox(self, session: Session, *, keep_renewed: bool = False) -> Executor | None:
-        """The session's sandbox lost its state. One renewed in place (Executor.renew) is clean
-        again, for this session only: returned with `keep_renewed`, for the session to go on in;
-        else given back, which closes it."""
-        executor = session.to(SessionState.LOST)
-        assert executor is not None
-        if not executor.alive:
-            await executor.close()
-        elif keep_renewed:
-            return executor
-        else:
-            await self._ready_pool.release(executor)
-        return None
+    async def _settle(
+        self, session: Session, executor: Executor, result: ExecutionResult, resumed: Resumed
+    ) -> Resumed:
+        """After the run: a session whose sandbox died comes back from its checkpoint (what that
+        says replaces what its getting a sandbox said); else the call counts, and a checkpoint
+        follows once the session is idle."""
+        if result.session_lost:
+            return await self._sandboxes.replace(session)
+        session.calls += 1
+        await executor.jit_warm_up()
+        self._checkpoints.when_idle(session)
+        return resumed
+
+    async def _run_in(self, executor: Executor, call: Call) -> ExecutionResult:
+        if call.progress is None:
+            result = await executor.run(call.code, call.timeout, call.stop)
+            self._metrics.count_lost(result)
+            return result
+        relay = ProgressRelay(call.progress, self._timings.progress_interval)
+        async with anyio.create_task_group() as group:
+            group.start_soon(relay.report_until_cancelled, call.stop)
+            result = await executor.run(call.code, call.timeout, call.stop, on_output=relay.push)
+            group.cancel_scope.cancel()
+        self._metrics.count_lost(result)
+        return result
 
     async def hibernate_idle(self) -> None:
         """Hibernate sessions idle for MCP_SANDBOX_HIBERNATE_AFTER seconds, forever (run it in a task)."""
-        await self._checkpoints.hibernate_idle()
+        await self._sandboxes.hibernate_idle(self._timings.sweep_interval)
 
     async def renew_leases(self) -> None:
         """Renew the leases of live sessions, forever (run it in a task)."""
-        await self._leases.renew_forever()
+        if not self._leases.on:
+            return
+        while True:
+            await anyio.sleep(self._leases.renew_interval)
+            for session in list(self._sessions.values()):
+                renewal = await self._leases.renew(session)
+                if renewal is Renewal.TAKEN and session.executor is not None:
+                    await self._sandboxes.take_back(session, SessionState.MOVED)
+                elif renewal is Renewal.RETAKEN:
+                    self._checkpoints.when_idle(session)
 
     async def answer_asks(self) -> None:
         """Hand over the sessions other instances ask for, forever (run it in a task): a call that
@@ -311,27 +281,7 @@ class Sessions:
                 for session_id in await self._leases.asked():
                     session = self._sessions.get(session_id)
                     if session is not None and session.lease is not None:
-                        handing_over.start_soon(self._checkpoints.hand_over, session)
-
-    async def _run_in(
-        self,
-        executor: Executor,
-        code: str,
-        timeout: float,
-        progress: ProgressReport | None,
-        stop: anyio.Event,
-    ) -> ExecutionResult:
-        if progress is None:
-            result = await executor.run(code, timeout, stop)
-            self._metrics.count_lost(result)
-            return result
-        relay = ProgressRelay(progress, self._timings.progress_interval)
-        async with anyio.create_task_group() as group:
-            group.start_soon(relay.report_until_cancelled, stop)
-            result = await executor.run(code, timeout, stop, on_output=relay.push)
-            group.cancel_scope.cancel()
-        self._metrics.count_lost(result)
-        return result
+                        handing_over.start_soon(self._sandboxes.hand_over, session)
 
     async def reset(self, session_id: str) -> bool:
         """Forget a session, stop its sandbox and delete its saved state; True if it existed.
@@ -342,9 +292,9 @@ class Sessions:
         if session is not None and session.executor is not None:
             if session.lock.locked() or self._checkpoints.closing:
                 # A running call in it ends as a SandboxCrash; that is what resetting means.
-                await session.executor.close()
+                await self._sandboxes.close(session)
             else:
-                await self._give_back(session.to(SessionState.NEW))
+                await self._sandboxes.take_back(session)
         if self._store is not None:
             try:
                 await self._store.delete(session_id)
@@ -377,6 +327,20 @@ class Sessions:
         for session in list(self._sessions.values()):
             # Stopped, not ended: their saved state stays for the next server on this store.
             self._sessions.pop(session.session_id, None)
-            if session.executor is not None:
-                await session.executor.close()
+            await self._sandboxes.close(session)
             await self._leases.release(session)
+
+
+def said(result: ExecutionResult, session: Session, resumed: Resumed, notes: list[str]) -> ExecutionResult:
+    """The result as its caller gets it: what getting a sandbox said (a restore, a loss), the
+    session's own notes since its last call, `notes` of the settling, and the run's."""
+    update: dict[str, object] = {
+        "session_id": session.session_id,
+        "notes": [*session.notes, *resumed.notes, *notes, *result.notes],
+    }
+    session.notes.clear()
+    if resumed.from_call is not None:
+        update |= {"session_lost": False, "session_restored": True, "restored_from_call": resumed.from_call}
+    if resumed.lost:
+        update["session_lost"] = True
+    return result.model_copy(update=update)

@@ -81,8 +81,8 @@ async def pool_of_sessions(
     on = DirectoryStore(tmp_path / "state", max_session_bytes=2**20, max_total_bytes=2**24) if store else None
     async with anyio.create_task_group() as group:
         pool = ReadyPool(start, size=1, task_group=group, acquire_timeout=2)
-        sessions = Sessions(settings, on, timings)
-        sessions.attach(pool, FakeBackend(), group)  # type: ignore[arg-type]
+        backend = FakeBackend()
+        sessions = Sessions(settings, pool, backend=backend, store=on, task_group=group, timings=timings)  # type: ignore[arg-type]
         yield sessions
         if not killed:
             await sessions.close()

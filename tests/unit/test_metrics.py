@@ -180,8 +180,7 @@ async def test_sessions_count_by_state_and_count_the_sandboxes_they_lose() -> No
     metrics = Metrics()
     async with anyio.create_task_group() as group:
         pool = ReadyPool(quick_start, size=1, task_group=group, acquire_timeout=1)
-        sessions = Sessions(Settings(interrupt_grace=0.05), metrics=metrics)
-        sessions.attach(pool)
+        sessions = Sessions(Settings(interrupt_grace=0.05), pool, metrics=metrics)
         assert set(sessions.counts().values()) == {0}
         await sessions.run("1", timeout=1, session_id="a")
         await sessions.run("1", timeout=1, session_id="b")

@@ -120,8 +120,7 @@ def settings(**overrides: object) -> Settings:
 async def test_session_keeps_its_executor_and_one_off_calls_discard_theirs() -> None:
     async with anyio.create_task_group() as group:
         pool = ReadyPool(quick_start, size=1, task_group=group, acquire_timeout=1)
-        sessions = Sessions(settings())
-        sessions.attach(pool)
+        sessions = Sessions(settings(), pool)
         first = await sessions.run("1", timeout=1, session_id="s")
         second = await sessions.run("2", timeout=1, session_id="s")
         assert first.session_id == second.session_id == "s"
@@ -134,8 +133,7 @@ async def test_session_keeps_its_executor_and_one_off_calls_discard_theirs() -> 
 async def test_a_lost_session_gets_a_new_sandbox() -> None:
     async with anyio.create_task_group() as group:
         pool = ReadyPool(lambda: _stubborn(), size=1, task_group=group, acquire_timeout=1)
-        sessions = Sessions(settings())
-        sessions.attach(pool)
+        sessions = Sessions(settings(), pool)
         lost = await sessions.run("hang", timeout=0.05, session_id="s")
         assert lost.session_lost
         assert (await sessions.run("'again'", timeout=1, session_id="s")).success
@@ -150,8 +148,7 @@ async def _stubborn() -> Executor:
 async def test_session_limit_and_expiry() -> None:
     async with anyio.create_task_group() as group:
         pool = ReadyPool(quick_start, size=1, task_group=group, acquire_timeout=1)
-        sessions = Sessions(settings())
-        sessions.attach(pool)
+        sessions = Sessions(settings(), pool)
         await sessions.run("1", timeout=1, session_id="a")
         await sessions.run("1", timeout=1, session_id="b")
         with pytest.raises(SessionLimitReached):
