@@ -1,5 +1,5 @@
 """A session's lifecycle: its states and the moves between them, what its next result says
-after it got a new sandbox (`account`), and the timings it runs on."""
+after it got a new sandbox (`account`, `said`), and the timings it runs on."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from enum import Enum
 import anyio
 
 from mcp_sandbox.backends.base import Executor
+from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.store import Lease, SavedState
 
 
@@ -218,3 +219,18 @@ def _restored(state: SessionState, latest: int, restored: SavedState, elsewhere:
         if state in (SessionState.HIBERNATED, SessionState.LOST):  # this instance knows them all
             said += f" (call {latest})" if latest == call + 1 else f" (calls {call + 1} to {latest})"
     return Resumed(from_call=call, notes=[said, *restored.lost])
+
+
+def said(result: ExecutionResult, session: Session, resumed: Resumed, notes: list[str]) -> ExecutionResult:
+    """The result as its caller gets it: what getting a sandbox said (a restore, a loss), the
+    session's own notes since its last call, `notes` of the settling, and the run's."""
+    update: dict[str, object] = {
+        "session_id": session.session_id,
+        "notes": [*session.notes, *resumed.notes, *notes, *result.notes],
+    }
+    session.notes.clear()
+    if resumed.from_call is not None:
+        update |= {"session_lost": False, "session_restored": True, "restored_from_call": resumed.from_call}
+    if resumed.lost:
+        update["session_lost"] = True
+    return result.model_copy(update=update)

@@ -19,7 +19,7 @@ from mcp_sandbox.backends.base import Backend, Executor
 from mcp_sandbox.checkpointing import Checkpoints, checkpoints_on
 from mcp_sandbox.errors import SessionLimitReached
 from mcp_sandbox.leases import ASKS_INTERVAL_S, Leases, Renewal
-from mcp_sandbox.lifecycle import Resumed, Session, SessionState, Timings
+from mcp_sandbox.lifecycle import Resumed, Session, SessionState, Timings, said
 from mcp_sandbox.metrics import Metrics
 from mcp_sandbox.pool import ReadyPool
 from mcp_sandbox.principals import SOLE, owner
@@ -141,14 +141,14 @@ class Sessions:
         PrincipalLimitReached when the principal is at one of its limits, and CallStopped when
         `stop` came before the program started."""
         call = Call(code, timeout, progress, stop or anyio.Event())
-        if session_id is None:
-            return await self._run_alone(call, principal)
-        session = self._open(session_id, principal)
-        async with self._holding(session, call.stop):
-            executor, resumed = await self._get_sandbox(session, principal, call.stop)
-            result, executor, resumed = await self._run(session, executor, resumed, call, principal)
-            resumed = await self._settle(session, executor, result, resumed)
-            return said(result, session, resumed, await self._checkpoints.write_record(session))
+        if session_id is not None:
+            session = self._open(session_id, principal)
+            async with self._holding(session, call.stop):
+                executor, resumed = await self._get_sandbox(session, principal, call.stop)
+                result, executor, resumed = await self._run(session, executor, resumed, call, principal)
+                resumed = await self._settle(session, executor, result, resumed)
+                return said(result, session, resumed, await self._checkpoints.write_record(session))
+        return await self._run_alone(call, principal)
 
     async def _run_alone(self, call: Call, principal: str) -> ExecutionResult:
         """A call without a session, in a clean sandbox lent for it; once more in another if that
@@ -329,18 +329,3 @@ class Sessions:
             self._sessions.pop(session.session_id, None)
             await self._sandboxes.close(session)
             await self._leases.release(session)
-
-
-def said(result: ExecutionResult, session: Session, resumed: Resumed, notes: list[str]) -> ExecutionResult:
-    """The result as its caller gets it: what getting a sandbox said (a restore, a loss), the
-    session's own notes since its last call, `notes` of the settling, and the run's."""
-    update: dict[str, object] = {
-        "session_id": session.session_id,
-        "notes": [*session.notes, *resumed.notes, *notes, *result.notes],
-    }
-    session.notes.clear()
-    if resumed.from_call is not None:
-        update |= {"session_lost": False, "session_restored": True, "restored_from_call": resumed.from_call}
-    if resumed.lost:
-        update["session_lost"] = True
-    return result.model_copy(update=update)
