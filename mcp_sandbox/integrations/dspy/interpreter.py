@@ -38,7 +38,7 @@ from mcp_sandbox.errors import InvalidRequest, Refused
 from mcp_sandbox.integrations.dspy.errors import CodeExecutionError, CodeInterpreterError, FinalOutput
 from mcp_sandbox.integrations.dspy.mounts import PART_CHARS, Mounts
 from mcp_sandbox.integrations.dspy.values import INTERNAL_PREFIX, check_name, tool_result, variable_json
-from mcp_sandbox.result import ExecutionResult
+from mcp_sandbox.result import SANDBOX_NAMES, ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.settings import BackendName, Settings
 
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 SESSION_ID = "dspy"
 #: A restored result with one of these: the call's sandbox died during it, so the call did not count.
-SANDBOX_DEATHS = frozenset({"SandboxCrash", "MemoryLimit", "Timeout"})
+SANDBOX_DEATHS = frozenset({"crash", "memory_limit", "timeout"})
 #: Annotations SUBMIT may show for an output field (DSPy's SIMPLE_TYPES, by name).
 SUBMIT_TYPES = frozenset({"str", "int", "float", "bool", "list", "dict", "NoneType"})
 #: An idle session must not expire under DSPy: its state is the point (about 30 years).
@@ -116,6 +116,16 @@ def _parsed(text: str) -> Any:
         return json.loads(text)
     except (ValueError, RecursionError):
         return None
+
+
+def _ended_by(result: ExecutionResult) -> str:
+    """What ended a failed run, by name: the sandbox's outcome (Timeout, ...) or the program's exception."""
+    return SANDBOX_NAMES.get(result.status) or str(result.exception)
+
+
+def _why(result: ExecutionResult) -> str:
+    """What the server said about a restore (its notes: why the sandbox went), for the error."""
+    return f" ({'; '.join(result.notes)})" if result.notes else ""
 
 
 def _literal(text: str) -> str:
@@ -519,7 +529,7 @@ class SandboxInterpreter:
         if result.session_lost:
             self._end()
             raise CodeInterpreterError(
-                f"the sandbox was lost ({result.error_type}: {result.error}); interpreter state was lost. "
+                f"the sandbox was lost ({_ended_by(result)}: {result.error}); interpreter state was lost. "
                 "Create a new interpreter for a fresh session."
             )
         if result.session_restored:
@@ -528,12 +538,12 @@ class SandboxInterpreter:
             if result.restored_from_call < self._calls:
                 self._end()
                 raise CodeInterpreterError(
-                    f"the sandbox was lost and its session restored from an earlier checkpoint (after call "
-                    f"{result.restored_from_call} of {self._calls}); interpreter state was lost. Create a "
-                    "new interpreter for a fresh session."
+                    "the sandbox was lost and its session restored from an earlier checkpoint (after call "
+                    f"{result.restored_from_call} of {self._calls}){_why(result)}; interpreter state was "
+                    "lost. Create a new interpreter for a fresh session."
                 )
             self._calls = result.restored_from_call
-            if result.error_type in SANDBOX_DEATHS:
+            if result.status in SANDBOX_DEATHS:
                 return
         self._calls += 1
 
@@ -564,7 +574,7 @@ class SandboxInterpreter:
         """Whether the run found a session restored without the runtime (checkpoints leave it out)."""
         return (
             result.session_restored
-            and result.error_type == "NameError"
+            and result.exception == "NameError"
             and "'_mcp_sandbox_dspy' is not defined" in (result.error or "")
         )
 
@@ -580,7 +590,7 @@ class SandboxInterpreter:
             # Ended by the sandbox (a timeout, the memory limit) or by a KeyboardInterrupt it raised.
             message = (result.error or "").strip().splitlines()
             last = message[-1] if message else ""
-            kind = str(result.error_type)
+            kind = _ended_by(result)
             raise CodeExecutionError(last if last.startswith(kind) else f"{kind}: {result.error}")
         if "final" in report:
             return FinalOutput(report["final"])
