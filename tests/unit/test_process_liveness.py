@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from mcp_sandbox.backends.process import is_running
+from mcp_sandbox.backends.watch import is_running
 
 
 def test_a_process_that_ended_is_not_running_even_before_it_is_reaped() -> None:

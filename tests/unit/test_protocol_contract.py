@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.backends.process import Malformed, _parse
+from mcp_sandbox.backends.channel import Malformed, parse
 from mcp_sandbox.backends.pyodide import RUNNER_DIR, find_deno
 from mcp_sandbox.backends.pyodide.typescript import TARGET, render
 from mcp_sandbox.settings import Settings
@@ -49,12 +49,12 @@ def test_the_runner_type_checks_against_the_generated_protocol() -> None:
 
 
 def test_a_field_the_protocol_does_not_name_is_refused() -> None:
-    assert _parse({"type": "progress", "line": "hi"}) == {"type": "progress", "line": "hi"}
-    assert isinstance(_parse({"type": "progress", "line": "hi", "colour": "red"}), Malformed)
-    assert isinstance(_parse({"type": "ready", "python": "3.11.7"}), Malformed), "missing fields"
+    assert parse({"type": "progress", "line": "hi"}) == {"type": "progress", "line": "hi"}
+    assert isinstance(parse({"type": "progress", "line": "hi", "colour": "red"}), Malformed)
+    assert isinstance(parse({"type": "ready", "python": "3.11.7"}), Malformed), "missing fields"
     nested = {"success": True, "stdout": "", "stderr": "", "result": None, "error_type": None}
     nested |= {"error": None, "truncated": False, "files": [{"path": "a", "size": 1, "owner": "root"}]}
-    refused = _parse({"type": "result", "id": 3, "outcome": nested})
+    refused = parse({"type": "result", "id": 3, "outcome": nested})
     assert refused == Malformed("result", 3)
 
 

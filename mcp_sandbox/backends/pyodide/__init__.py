@@ -33,10 +33,11 @@ from mcp_sandbox.backends.base import (
 )
 from mcp_sandbox.backends.process import (
     GUEST_MODULES,
-    MB,
     ProcessExecutor,
+    init_message,
     start_process_executor,
 )
+from mcp_sandbox.backends.watch import MB
 from mcp_sandbox.packages import (
     DefaultPackages,
     FetchStopped,
@@ -46,6 +47,7 @@ from mcp_sandbox.packages import (
     is_verified,
     package_key,
 )
+from mcp_sandbox.protocol import InitMessage, RecycleMessage
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -323,26 +325,13 @@ class PyodideBackend(Backend):
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
             raise
         settings = self._settings
-        assert self._pyodide_dir is not None
-        folders = {"pyodide_dir": str(self._pyodide_dir)}
-        if settings.data_dir is not None:
-            folders["data_dir"] = str(settings.data_dir)
-        if settings.packages_folder.is_dir():
-            folders["packages_dir"] = str(settings.packages_folder)
-        if settings.allow_net:
-            folders["allow_net"] = settings.allow_net
-        if self._snapshot is not None:
-            folders["snapshot"] = str(self._snapshot)
-        preload = {"preload": self.preload} if self.preload else {}
         executor = PyodideExecutor(
             process,
             self._limits,
             self._hooks,
+            self._init(checkpoint_dir),
             checkpoint_dir=checkpoint_dir,
             jit_warm_up_rounds=settings.pyodide_warm_up_rounds,
-            memory_max_bytes=settings.memory_mb * MB,
-            **folders,
-            **preload,
         )
         return await start_process_executor(
             executor,
@@ -350,6 +339,26 @@ class PyodideBackend(Backend):
             settings.start_timeout,
             memory_limit=watchdog_limit(settings.memory_mb),
         )
+
+    def _init(self, checkpoint_dir: Path) -> InitMessage:
+        """A new sandbox's `init`: the folders it reads and writes, its memory, what it preloads."""
+        settings = self._settings
+        assert self._pyodide_dir is not None
+        init = init_message(self._limits)
+        init["checkpoint_dir"] = str(checkpoint_dir)
+        init["memory_max_bytes"] = settings.memory_mb * MB
+        init["pyodide_dir"] = str(self._pyodide_dir)
+        if settings.data_dir is not None:
+            init["data_dir"] = str(settings.data_dir)
+        if settings.packages_folder.is_dir():
+            init["packages_dir"] = str(settings.packages_folder)
+        if settings.allow_net:
+            init["allow_net"] = settings.allow_net
+        if self._snapshot is not None:
+            init["snapshot"] = str(self._snapshot)
+        if self.preload:
+            init["preload"] = self.preload
+        return init
 
     def summary(self) -> str:
         return (
@@ -391,14 +400,14 @@ class PyodideExecutor(ProcessExecutor):
         process: anyio.abc.Process,
         limits: ExecutorLimits,
         hooks: ExecutorHooks,
+        init: InitMessage,
         *,
         checkpoint_dir: Path,
         jit_warm_up_rounds: int,
-        **init_fields: str | list[str] | int,
     ) -> None:
         """`checkpoint_dir`: the private folder checkpoints pass through (the runner may write
         it); `jit_warm_up_rounds`: rounds of the guest's JIT warm-up to run when idle (0: none)."""
-        super().__init__(process, limits, hooks, checkpoint_dir=str(checkpoint_dir), **init_fields)
+        super().__init__(process, limits, hooks, init, CheckpointFolder(checkpoint_dir))
         self.checkpoint_dir = checkpoint_dir
         self.jit_warm_up_rounds = jit_warm_up_rounds
         self._jit_warm_up_sent = False
@@ -407,10 +416,11 @@ class PyodideExecutor(ProcessExecutor):
         if self.jit_warm_up_rounds > 0 and not self._jit_warm_up_sent and self.alive:
             self._jit_warm_up_sent = True
             with contextlib.suppress(SandboxDied):  # a dead sandbox is found out by its next call
-                await self._send({"type": "jit_warm_up", "rounds": self.jit_warm_up_rounds})
+                await self.channel.send({"type": "jit_warm_up", "rounds": self.jit_warm_up_rounds})
 
     async def recycle(self) -> NotDone | None:
-        message = await self._between_runs({"type": "recycle", "id": 0}, RECYCLE_TIMEOUT)
+        request: RecycleMessage = {"type": "recycle", "id": 0}
+        message = await self._not_ready_for(request) or await self.channel.ask(request, RECYCLE_TIMEOUT)
         if isinstance(message, NotDone):
             return message
         if not message["clean"]:
@@ -419,18 +429,26 @@ class PyodideExecutor(ProcessExecutor):
         self._tools_version = -1  # the guest's `tools` went with the rest of its state
         return None
 
-    async def _read_checkpoint(self, name: str, limit: int) -> bytes:
-        return await anyio.to_thread.run_sync(_read_to, self.checkpoint_dir / name, limit + 1)
-
-    async def _remove_checkpoint(self, name: str) -> None:
-        (self.checkpoint_dir / name).unlink(missing_ok=True)
-
-    async def _hand_in_checkpoint(self, name: str, state: bytes) -> None:
-        await anyio.to_thread.run_sync((self.checkpoint_dir / name).write_bytes, state)
-
     async def close(self) -> None:
         await super().close()
         shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+
+
+class CheckpointFolder:
+    """The sandbox's private checkpoint folder, which only its runner writes (never its worker,
+    where sandboxed code runs): its files are read as they are."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+
+    async def read(self, name: str, limit: int) -> bytes:
+        return await anyio.to_thread.run_sync(_read_to, self._folder / name, limit + 1)
+
+    async def remove(self, name: str) -> None:
+        (self._folder / name).unlink(missing_ok=True)
+
+    async def hand_in(self, name: str, state: bytes) -> None:
+        await anyio.to_thread.run_sync((self._folder / name).write_bytes, state)
 
 
 def _read_to(path: Path, limit: int) -> bytes:

@@ -31,7 +31,7 @@ from mcp_sandbox.backends.base import (
     SandboxStartError,
     prepare_workspace,
 )
-from mcp_sandbox.backends.process import ProcessExecutor, start_process_executor
+from mcp_sandbox.backends.process import ProcessExecutor, init_message, start_process_executor
 from mcp_sandbox.backends.subprocess.isolation import (
     SANDBOX_HOME,
     SANDBOX_RUNTIME,
@@ -49,7 +49,7 @@ from mcp_sandbox.backends.subprocess.isolation import (
     python_readable_by_anyone,
 )
 from mcp_sandbox.packages import host_importable
-from mcp_sandbox.protocol import CHECKPOINT_FOLDER, DATA_DIR, GuestFile, ProcessLimits
+from mcp_sandbox.protocol import CHECKPOINT_FOLDER, DATA_DIR, GuestFile, InitMessage, ProcessLimits
 from mcp_sandbox.result import read_file_inside, read_output_file
 from mcp_sandbox.settings import Settings
 
@@ -173,7 +173,7 @@ class SubprocessBackend(HostPythonBackend):
 
     async def _start_in(self, workdir: Path, uid: int | None) -> Executor:
         iso, settings = self.isolation, self._settings
-        init_fields: dict[str, str] = {}
+        init = init_message(self._limits)
         limits = self._process_limits(uid, iso.tier)
         info_read = -1
         pass_fds: list[int] = []
@@ -188,13 +188,13 @@ class SubprocessBackend(HostPythonBackend):
             command += [sys.executable, "-I", f"{SANDBOX_RUNTIME}/worker.py", json.dumps(limits)]
             cwd, env = "/", {}
             if settings.data_dir is not None:
-                init_fields["data_dir"] = f"{SANDBOX_HOME}/{DATA_DIR}"
+                init["data_dir"] = f"{SANDBOX_HOME}/{DATA_DIR}"
         else:
             prepare_workspace(workdir, settings.data_dir)
             command = [*iso.unshare, sys.executable, "-I", str(WORKER), json.dumps(limits)]
             cwd, env = str(workdir), {"HOME": str(workdir), "TMPDIR": str(workdir), **WORKER_ENV}
             if settings.data_dir is not None:
-                init_fields["data_dir"] = str(settings.data_dir)
+                init["data_dir"] = str(settings.data_dir)
         if uid is not None:
             for folder in (workdir, workdir / "output"):
                 os.chown(folder, uid, uid)
@@ -206,7 +206,7 @@ class SubprocessBackend(HostPythonBackend):
             for fd in pass_fds:
                 os.close(fd)
         executor = SubprocessExecutor(
-            process, self._limits, self._hooks, workdir, uid=uid, uids=iso.uids, **init_fields
+            process, self._limits, self._hooks, init, workdir, uid=uid, uids=iso.uids
         )
         try:
             await start_process_executor(executor, self._task_group, settings.start_timeout)
@@ -309,15 +309,15 @@ class SubprocessExecutor(ProcessExecutor):
         process: anyio.abc.Process,
         limits: ExecutorLimits,
         hooks: ExecutorHooks,
+        init: InitMessage,
         workdir: Path,
         *,
         uid: int | None,
         uids: WorkerUids | None,
-        **init_fields: str,
     ) -> None:
         """`uid`: the uid this worker runs under, given back to `uids` when it closes (None: its
         tier runs workers under the server's own uid)."""
-        super().__init__(process, limits, hooks, **init_fields)
+        super().__init__(process, limits, hooks, init, WorkerCheckpoints(workdir / CHECKPOINT_FOLDER, uid))
         self._workdir = workdir
         #: Where a timeout's SIGINT goes: the worker itself (inside bubblewrap, not bwrap).
         self.signal_pid = process.pid
@@ -326,19 +326,6 @@ class SubprocessExecutor(ProcessExecutor):
 
     def _read_output_file(self, file: GuestFile, path: str, limit: int) -> bytes | None:
         return read_output_file(self._workdir, path, limit)
-
-    async def _read_checkpoint(self, name: str, limit: int) -> bytes:
-        folder = self._workdir / CHECKPOINT_FOLDER
-        payload = await anyio.to_thread.run_sync(read_file_inside, folder, name, limit)
-        if payload is None:
-            raise OSError("it could not be read back from the sandbox")
-        return payload
-
-    async def _remove_checkpoint(self, name: str) -> None:
-        await anyio.to_thread.run_sync(_remove_inside, self._workdir / CHECKPOINT_FOLDER, name)
-
-    async def _hand_in_checkpoint(self, name: str, state: bytes) -> None:
-        await anyio.to_thread.run_sync(_hand_in, self._workdir / CHECKPOINT_FOLDER, name, state, self.uid)
 
     async def interrupt(self) -> None:
         if self._process.returncode is None:
@@ -359,6 +346,27 @@ class SubprocessExecutor(ProcessExecutor):
         if self.uid is not None and self.uids is not None:
             self.uids.give_back(self.uid)
             self.uid = None
+
+
+class WorkerCheckpoints:
+    """The checkpoint folder inside a worker's working directory, which sandboxed code can
+    reach: read without following its links, and written as the worker's own (`uid`)."""
+
+    def __init__(self, folder: Path, uid: int | None) -> None:
+        self._folder = folder
+        self._uid = uid
+
+    async def read(self, name: str, limit: int) -> bytes:
+        payload = await anyio.to_thread.run_sync(read_file_inside, self._folder, name, limit)
+        if payload is None:
+            raise OSError("it could not be read back from the sandbox")
+        return payload
+
+    async def remove(self, name: str) -> None:
+        await anyio.to_thread.run_sync(_remove_inside, self._folder, name)
+
+    async def hand_in(self, name: str, state: bytes) -> None:
+        await anyio.to_thread.run_sync(_hand_in, self._folder, name, state, self._uid)
 
 
 def _remove_inside(folder: Path, name: str) -> None:
