@@ -378,7 +378,7 @@ class Executor(ABC):
             )
 
         def interrupted(outcome: ExecutionResult) -> ExecutionResult:
-            if outcome.error_type != "KeyboardInterrupt":
+            if outcome.exception != "KeyboardInterrupt":
                 return outcome  # it finished on its own just as the deadline passed
             kind, why = stopped_why()
             return ExecutionResult.failure(

@@ -220,7 +220,9 @@ async def test_sessions_refuse_a_principal_past_its_sessions_and_live_sandboxes_
 async def test_a_principal_of_a_server_with_a_tokens_file_leaves_half_the_sessions_to_the_others() -> None:
     async with anyio.create_task_group() as group:
         pool = ReadyPool(quick_start, size=1, task_group=group, acquire_timeout=5)
-        sessions = Sessions(Settings(max_sessions=4, interrupt_grace=0.05, auth_tokens_file="tokens.json"), pool)
+        sessions = Sessions(
+            Settings(max_sessions=4, interrupt_grace=0.05, auth_tokens_file="tokens.json"), pool
+        )
         for name in ("a", "b"):
             await sessions.run("1", timeout=5, session_id=f"alice/{name}", principal="alice")
         with pytest.raises(PrincipalLimitReached, match="MCP_SANDBOX_PRINCIPAL_MAX_SESSIONS"):
