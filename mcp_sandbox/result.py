@@ -217,9 +217,8 @@ class ExecutionResult(BaseModel):
 
     success: bool = Field(description="True when the program ran to the end without an exception.")
     status: Status = Field(
-        description="What happened to the run: ok; error (the program raised `exception`); timeout; "
-        "cancelled (its caller stopped it); memory_limit; crash (the sandbox died); rejected (nothing ran: "
-        "the strict policy, or a bridged call naming a server, tool or argument that does not exist)."
+        description="What happened to the run. error: the program raised `exception`; crash: the sandbox "
+        "died; rejected: nothing ran (the policy, or a bridged call to an unknown tool)."
     )
     exception: str | None = Field(
         None, description="With status error: the class name of the program's exception; else null."
@@ -231,8 +230,7 @@ class ExecutionResult(BaseModel):
     )
     error_type: str | None = Field(
         None,
-        description="Deprecated: read `status`, and `exception` for the program's exception. The exception "
-        "class name, or Timeout, Cancelled, MemoryLimit, SandboxCrash, Rejected; null on success.",
+        description="Deprecated: read `status` and `exception`.",
     )
     error: str | None = Field(None, description="Error message with a traceback of the program's own frames.")
     truncated: bool = Field(False, description="True when any output field was cut to the size cap.")

@@ -204,11 +204,11 @@ def _is_text(mime: str) -> bool:
 def execute_python_description(app: App) -> str:
     s = app.settings
     return (
-        "Run Python in a sandbox as a REPL cell: you read what it prints (display(x) too) and its last "
-        f"expression's value; top-level await works. {app.backend.summary()} A session_id's variables "
-        f"last until it is idle {s.session_ttl:g} s (reset_session ends it). Timeout {s.timeout:g} s, "
-        f"at most {s.max_timeout:g}. Output past {s.max_output_chars:,} characters is cut, the whole "
-        "kept behind a link." + bridge_description(app)
+        "Run Python in a sandbox as a REPL cell: you read its prints (display(x) too) and its last "
+        f"value; top-level await works. {app.backend.summary()} A session_id keeps variables until "
+        f"idle {s.session_ttl:g} s (reset_session ends it). Timeout {s.timeout:g} s, at most "
+        f"{s.max_timeout:g}. Output past {s.max_output_chars:,} characters is cut, all kept behind a link."
+        + bridge_description(app)
     )
 
 
@@ -220,10 +220,14 @@ def bridge_description(app: App) -> str:
     return (
         f" Call other MCP servers' tools as `tools.<server>.<tool>(**arguments)`{app.bridge.summary()}, "
         "found with search_tools; misspelt names are refused before running. Results are data "
-        "(structured or parsed JSON; images and resources as objects with .data, .mime_type, .uri). "
+        "(structured or parsed JSON; images and resources with .data, .mime_type, .uri). "
         "Failures raise ToolError; `_async` twins run at once with asyncio.gather. Prefer one "
         "program calling many tools."
     )
+
+
+#: Result fields kept for clients that read them, no longer listed in the output schema.
+DEPRECATED = frozenset({"error_type"})
 
 
 def compact_schema(schema: Any, *, result: bool = False) -> Any:
@@ -243,8 +247,9 @@ def compact_schema(schema: Any, *, result: bool = False) -> Any:
                 **other,
                 "type": [other["type"], "null"],
             }
-    # A result's schema keeps what a client validates with: types and the properties' names.
-    dropped = {"title", "default", "description", "required"} if result else {"title"}
+    # A result's schema keeps what a client validates with: types and the properties' names (its
+    # fields' values are the README's table).
+    dropped = {"title", "default", "description", "required", "enum"} if result else {"title"}
     compacted = {}
     for key, value in schema.items():
         if key == "default" and value is None:
@@ -253,6 +258,9 @@ def compact_schema(schema: Any, *, result: bool = False) -> Any:
             compacted[key] = {name: compact_schema(sub, result=result) for name, sub in value.items()}
         elif key not in dropped:
             compacted[key] = compact_schema(value, result=result)
+    if result and isinstance(compacted.get("properties"), dict):
+        # Deprecated fields stay in results for a release, unadvertised (README, "The result").
+        compacted["properties"] = {k: v for k, v in compacted["properties"].items() if k not in DEPRECATED}
     if result and "$defs" in compacted:
         # Nested result models (an output file) are described in the README: an array says enough.
         compacted = _without_refs(compacted)

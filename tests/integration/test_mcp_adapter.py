@@ -34,7 +34,6 @@ async def test_tools_are_listed_with_an_output_schema(client: Client) -> None:
         "stdout",
         "stderr",
         "result",
-        "error_type",
         "error",
         "duration_ms",
         "backend",
@@ -43,7 +42,17 @@ async def test_tools_are_listed_with_an_output_schema(client: Client) -> None:
         "session_lost",
     ):
         assert field in schema["properties"], field
+    assert "error_type" not in schema["properties"], "deprecated: in results, not advertised"
     assert "session_id" in (tools["execute_python"].description or "")
+
+
+async def test_a_result_still_carries_the_deprecated_error_type(client: Client) -> None:
+    failed = await call(client, "1 / 0")
+    assert (failed["status"], failed["exception"], failed["error_type"]) == (
+        "error",
+        "ZeroDivisionError",
+        "ZeroDivisionError",
+    )
 
 
 @pytest.mark.parametrize(
