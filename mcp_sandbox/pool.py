@@ -196,9 +196,15 @@ class ReadyPool:
                 self._waiters.remove(principal, waiter)
         if waiter.executor is not None:
             return waiter.executor
-        raise PoolUnavailable(
-            waiter.error
-            or f"no sandbox became free within {self._acquire_timeout:g} s; the server is at capacity"
+        raise PoolUnavailable(waiter.error or self._busy())
+
+    def _busy(self) -> str:
+        """Why a call that waited its bound for a sandbox is refused, and when to try again."""
+        others = len(self._waiters)
+        queue = f", {others} other calls still waiting" if others else ""
+        return (
+            f"the server is busy: no sandbox became free within {self._acquire_timeout:g} s{queue}; "
+            f"retry in about {self._acquire_timeout:g} s, or send fewer calls at once"
         )
 
     async def _start_one(self) -> None:

@@ -424,8 +424,7 @@ def build_server(app: App, verifier: Verifier | None = None) -> MCPServer:
             ),
         ] = None,
     ) -> Annotated[CallToolResult, ExecutionResult]:
-        async def report(elapsed: float, line: str | None) -> None:
-            message = f"running for {elapsed:.0f} s" + (f"; last output: {line}" if line else "")
+        async def report(elapsed: float, message: str) -> None:
             await ctx.report_progress(elapsed, None, message)
 
         try:

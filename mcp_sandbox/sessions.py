@@ -36,13 +36,17 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Call:
-    """One call's program and what it runs under: its timeout, whom to tell its progress, and
-    the event that stops it (its caller went away)."""
+    """One call's program and what it runs under: its timeout, the event that stops it (its
+    caller went away), and whom to tell its progress."""
 
     code: str
     timeout: float
-    progress: ProgressReport | None
     stop: anyio.Event
+    relay: ProgressRelay | None
+
+    def waiting(self, what: str) -> None:
+        if self.relay is not None:
+            self.relay.waiting(what)
 
 
 class Sessions:
@@ -140,15 +144,18 @@ class Sessions:
         its timeout). Raises PoolUnavailable, SessionLimitReached, SessionElsewhere,
         PrincipalLimitReached when the principal is at one of its limits, and CallStopped when
         `stop` came before the program started."""
-        call = Call(code, timeout, progress, stop or anyio.Event())
-        if session_id is not None:
-            session = self._open(session_id, principal)
-            async with self._holding(session, call.stop):
-                executor, resumed = await self._get_sandbox(session, principal, call.stop)
-                result, executor, resumed = await self._run(session, executor, resumed, call, principal)
-                resumed = await self._settle(session, executor, result, resumed)
-                return said(result, session, resumed, await self._checkpoints.write_record(session))
-        return await self._run_alone(call, principal)
+        stop = stop or anyio.Event()
+        relay = ProgressRelay(progress, self._timings.progress_interval) if progress is not None else None
+        call = Call(code, timeout, stop, relay)
+        async with _reporting(call):
+            if session_id is not None:
+                session = self._open(session_id, principal)
+                async with self._holding(session, call):
+                    executor, resumed = await self._get_sandbox(session, principal, call.stop)
+                    result, executor, resumed = await self._run(session, executor, resumed, call, principal)
+                    resumed = await self._settle(session, executor, result, resumed)
+                    return said(result, session, resumed, await self._checkpoints.write_record(session))
+            return await self._run_alone(call, principal)
 
     async def _run_alone(self, call: Call, principal: str) -> ExecutionResult:
         """A call without a session, in a clean sandbox lent for it; once more in another if that
@@ -184,11 +191,14 @@ class Sessions:
         return session
 
     @asynccontextmanager
-    async def _holding(self, session: Session, stop: anyio.Event) -> AsyncIterator[None]:
+    async def _holding(self, session: Session, call: Call) -> AsyncIterator[None]:
         """The session's lock for one call; after it, the owner settles what a reset meanwhile or
         a sandbox lost left behind."""
-        async with stopped_by(stop):
+        if session.lock.locked():
+            call.waiting("the session's running call to end")
+        async with stopped_by(call.stop):
             await session.lock.acquire()
+        call.waiting("a sandbox")
         try:
             yield
         finally:
@@ -241,15 +251,10 @@ class Sessions:
         return resumed
 
     async def _run_in(self, executor: Executor, call: Call) -> ExecutionResult:
-        if call.progress is None:
-            result = await executor.run(call.code, call.timeout, call.stop)
-            self._metrics.count_lost(result)
-            return result
-        relay = ProgressRelay(call.progress, self._timings.progress_interval)
-        async with anyio.create_task_group() as group:
-            group.start_soon(relay.report_until_cancelled, call.stop)
-            result = await executor.run(call.code, call.timeout, call.stop, on_output=relay.push)
-            group.cancel_scope.cancel()
+        if call.relay is not None:
+            call.relay.running()
+        on_output = call.relay.push if call.relay is not None else None
+        result = await executor.run(call.code, call.timeout, call.stop, on_output=on_output)
         self._metrics.count_lost(result)
         return result
 
@@ -329,3 +334,22 @@ class Sessions:
             self._sessions.pop(session.session_id, None)
             await self._sandboxes.close(session)
             await self._leases.release(session)
+
+
+@asynccontextmanager
+async def _reporting(call: Call) -> AsyncIterator[None]:
+    """The call's progress reported while it waits and runs, when its caller asked for it."""
+    if call.relay is None:
+        yield
+        return
+    refused: Exception | None = None
+    async with anyio.create_task_group() as group:
+        group.start_soon(call.relay.report_until_cancelled, call.stop)
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 - raised below, outside the group, so not wrapped in a group
+            refused = error
+        finally:
+            group.cancel_scope.cancel()
+    if refused is not None:
+        raise refused

@@ -211,7 +211,10 @@ async def test_a_long_execution_reports_progress(client: Client) -> None:
     response = await client.call_tool("execute_python", {"code": code}, progress_callback=on_progress)
     assert not response.is_error
     assert len(messages) >= 2, messages
-    assert messages[0].startswith("running for 1 s")
+    # Before its program runs, a call says what it waits for (a loaded machine starts sandboxes late).
+    assert all(message.startswith(("running for ", "waiting for a sandbox")) for message in messages), (
+        messages
+    )
     assert any("last output: step" in message for message in messages), messages
 
 
