@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -56,8 +58,23 @@ from mcp_sandbox.settings import Settings
 WORKER = Path(__file__).resolve().with_name("worker.py")
 #: Seconds a checkpoint or a restore may take (pickling a large DataFrame takes a while).
 CHECKPOINT_TIMEOUT = 60.0
-#: No host variable reaches the worker; single-threaded maths keeps it inside RLIMIT_AS.
-WORKER_ENV = {"LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+#: No host variable reaches the worker. Single-threaded maths and one malloc arena keep it
+#: inside RLIMIT_AS: each thread's own arena would reserve 64 MB of address space.
+WORKER_ENV = {
+    "LANG": "C.UTF-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MPLBACKEND": "Agg",
+    "MALLOC_ARENA_MAX": "1",
+}
+#: Where matplotlib keeps its font cache, with HOME the working directory, and its file's name.
+FONT_CACHE_FOLDER = ".cache/matplotlib"
+FONT_CACHE_FILE = re.compile(r"fontlist-v[\w.]+\.json")
+#: The largest font cache taken (thousands of fonts make a few MB).
+FONT_CACHE_BYTES = 16 * 1024 * 1024
+#: Seconds the font cache may take to build (fc-list, then a look at every font).
+FONT_CACHE_TIMEOUT = 120.0
+NO_FONT_CACHE = "subprocess backend: each sandbox builds matplotlib's font cache itself: %s"
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +87,8 @@ class SubprocessBackend(HostPythonBackend):
         super().__init__(settings, hooks)
         self._task_group = task_group
         self.isolation = Isolation("none")
+        #: matplotlib's font cache (its file name and bytes), copied into each new sandbox.
+        self._font_cache: tuple[str, bytes] | None = None
 
     def _process_limits(self, uid: int | None, tier: str) -> ProcessLimits:
         settings = self._settings
@@ -126,6 +145,35 @@ class SubprocessBackend(HostPythonBackend):
             self.isolation.tier,
             self.isolation.summary(),
         )
+        self._font_cache = await self._build_font_cache()
+
+    async def _build_font_cache(self) -> tuple[str, bytes] | None:
+        """matplotlib's font cache as a sandbox builds it (0.4 s, fc-list and a thread), built
+        once so that each new sandbox starts with its own copy; None without matplotlib."""
+        if importlib.util.find_spec("matplotlib") is None:
+            return None
+        try:
+            executor = await self.start()
+        except SandboxStartError as error:
+            logger.warning(NO_FONT_CACHE, error)
+            return None
+        assert isinstance(executor, SubprocessExecutor)
+        try:
+            result = await executor.run("import matplotlib.font_manager", FONT_CACHE_TIMEOUT)
+            names = [
+                name
+                for name in _listdir(executor.workdir / FONT_CACHE_FOLDER)
+                if FONT_CACHE_FILE.fullmatch(name)
+            ]
+            data = None
+            if result.success and len(names) == 1:
+                data = read_file_inside(executor.workdir, f"{FONT_CACHE_FOLDER}/{names[0]}", FONT_CACHE_BYTES)
+        finally:
+            await executor.close()
+        if data is None or len(data) > FONT_CACHE_BYTES:
+            logger.warning(NO_FONT_CACHE, result.error or "no fontlist file")
+            return None
+        return names[0], data
 
     async def _try_tier(self, tier: str, uids: WorkerUids | None) -> str | None:
         """Set up `tier` and prove it by starting a worker under it; None when it works."""
@@ -198,6 +246,8 @@ class SubprocessBackend(HostPythonBackend):
         if uid is not None:
             for folder in (workdir, workdir / "output"):
                 os.chown(folder, uid, uid)
+        if self._font_cache is not None:
+            _seed_font_cache(workdir, *self._font_cache, uid)
         try:
             process = await anyio.open_process(
                 command, cwd=cwd, env=env, start_new_session=True, pass_fds=pass_fds
@@ -282,6 +332,24 @@ def _worker_uids(spec: str) -> WorkerUids:
     return WorkerUids(int(first), int(last or first))
 
 
+def _listdir(folder: Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def _seed_font_cache(workdir: Path, name: str, data: bytes, uid: int | None) -> None:
+    """A new sandbox's own copy of the font cache: one copy shared, a sandbox could spoil it
+    for the next. Written before the worker starts, so nothing in `workdir` is the sandbox's yet."""
+    folder = workdir / FONT_CACHE_FOLDER
+    folder.mkdir(parents=True)
+    (folder / name).write_bytes(data)
+    if uid is not None:
+        for path in (folder.parent, folder, folder / name):
+            os.chown(path, uid, uid)
+
+
 async def _exits_cleanly(command: list[str]) -> bool:
     with anyio.move_on_after(10):
         return (await anyio.run_process(command, check=False)).returncode == 0
@@ -318,14 +386,15 @@ class SubprocessExecutor(ProcessExecutor):
         """`uid`: the uid this worker runs under, given back to `uids` when it closes (None: its
         tier runs workers under the server's own uid)."""
         super().__init__(process, limits, hooks, init, WorkerCheckpoints(workdir / CHECKPOINT_FOLDER, uid))
-        self._workdir = workdir
+        #: The sandbox's working directory on the host (its HOME).
+        self.workdir = workdir
         #: Where a timeout's SIGINT goes: the worker itself (inside bubblewrap, not bwrap).
         self.signal_pid = process.pid
         self.uid = uid
         self.uids = uids
 
     def _read_output_file(self, file: GuestFile, path: str, limit: int) -> bytes | None:
-        return read_output_file(self._workdir, path, limit)
+        return read_output_file(self.workdir, path, limit)
 
     async def interrupt(self) -> None:
         if self._process.returncode is None:
@@ -342,7 +411,7 @@ class SubprocessExecutor(ProcessExecutor):
             os.killpg(self.pid, signal.SIGKILL)
         if self.uid is not None:
             kill_processes_of(self.uid)
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
         if self.uid is not None and self.uids is not None:
             self.uids.give_back(self.uid)
             self.uid = None

@@ -27,6 +27,9 @@ from typing import Any, BinaryIO
 
 #: True while user code runs: only then does SIGINT (the host's interrupt) raise.
 running = False
+#: The reader thread's stack: RLIMIT_AS counts all of the 8 MB default, and 256 KB already
+#: holds json's deepest nesting under the recursion limit.
+READER_STACK = 512 * 1024
 
 
 def on_interrupt(signum: int, frame: Any) -> None:
@@ -189,7 +192,9 @@ def main() -> None:
     if init.get("data_dir"):
         guest.protect_read_only(init["data_dir"])
     loop = asyncio.new_event_loop()  # one loop per worker, so a session's async objects survive
+    threading.stack_size(READER_STACK)
     threading.Thread(target=link.read_forever, name="host-reader", daemon=True).start()
+    threading.stack_size(0)  # the program's own threads get the default
     load_ms = round((time.monotonic() - started) * 1000)
     ready = {"type": "ready", "python": sys.version.split()[0], "pyodide": None, "load_ms": load_ms}
     link.send(json.dumps(ready))
