@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import importlib.util
 import json
 import logging
@@ -75,6 +76,8 @@ FONT_CACHE_BYTES = 16 * 1024 * 1024
 #: Seconds the font cache may take to build (fc-list, then a look at every font).
 FONT_CACHE_TIMEOUT = 120.0
 NO_FONT_CACHE = "subprocess backend: each sandbox builds matplotlib's font cache itself: %s"
+#: Where fonts are installed, and fontconfig's own cache, which changes when they do.
+FONT_FOLDERS = ("/var/cache/fontconfig", "/usr/share/fonts", "/usr/local/share/fonts")
 
 logger = logging.getLogger(__name__)
 
@@ -149,9 +152,20 @@ class SubprocessBackend(HostPythonBackend):
 
     async def _build_font_cache(self) -> tuple[str, bytes] | None:
         """matplotlib's font cache as a sandbox builds it (0.4 s, fc-list and a thread), built
-        once so that each new sandbox starts with its own copy; None without matplotlib."""
+        once per machine (kept in the cache folder, `_font_cache_folder`) so that each new
+        sandbox starts with its own copy; None without matplotlib."""
         if importlib.util.find_spec("matplotlib") is None:
             return None
+        folder = _font_cache_folder(self._settings.cache_dir, self.isolation.tier)
+        kept = _read_kept_font_cache(folder)
+        if kept is not None:
+            return kept
+        built = await self._font_cache_from_a_sandbox()
+        if built is not None:
+            _keep_font_cache(folder, *built)
+        return built
+
+    async def _font_cache_from_a_sandbox(self) -> tuple[str, bytes] | None:
         try:
             executor = await self.start()
         except SandboxStartError as error:
@@ -337,6 +351,37 @@ def _listdir(folder: Path) -> list[str]:
         return os.listdir(folder)
     except OSError:
         return []
+
+
+def _font_cache_folder(cache_dir: Path, tier: str) -> Path:
+    """Where the font cache built for `tier` is kept, named by what it depends on: matplotlib's
+    version and the fonts installed (fontconfig's cache and the font folders change with them)."""
+    seen = [tier]
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        seen.append(metadata.version("matplotlib"))
+    for folder in FONT_FOLDERS:
+        with contextlib.suppress(OSError):
+            seen.append(f"{folder}:{os.stat(folder).st_mtime_ns}")
+    return cache_dir / "matplotlib-fonts" / hashlib.sha256("|".join(seen).encode()).hexdigest()[:16]
+
+
+def _read_kept_font_cache(folder: Path) -> tuple[str, bytes] | None:
+    names = [name for name in _listdir(folder) if FONT_CACHE_FILE.fullmatch(name)]
+    if len(names) != 1:
+        return None
+    data = read_file_inside(folder, names[0], FONT_CACHE_BYTES)
+    return (names[0], data) if data is not None and len(data) <= FONT_CACHE_BYTES else None
+
+
+def _keep_font_cache(folder: Path, name: str, data: bytes) -> None:
+    """Keep the cache for the next server, written whole or not at all (servers may race)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with tempfile.NamedTemporaryFile(dir=folder, delete=False, suffix=".part") as part:
+            part.write(data)
+        os.replace(part.name, folder / name)
+    except OSError as error:
+        logger.info("subprocess backend: the font cache is not kept for the next server: %s", error)
 
 
 def _seed_font_cache(workdir: Path, name: str, data: bytes, uid: int | None) -> None:
