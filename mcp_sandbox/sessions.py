@@ -207,6 +207,9 @@ class Sessions:
                 await self._sandboxes.after_call(session)
             finally:
                 session.lock.release()
+            # Once the lock is free: a checkpoint due sooner would find it held and pass.
+            if session.live:
+                self._checkpoints.when_idle(session)
 
     async def _get_sandbox(
         self, session: Session, principal: str, stop: anyio.Event
@@ -241,13 +244,12 @@ class Sessions:
         self, session: Session, executor: Executor, result: ExecutionResult, resumed: Resumed
     ) -> Resumed:
         """After the run: a session whose sandbox died comes back from its checkpoint (what that
-        says replaces what its getting a sandbox said); else the call counts, and a checkpoint
-        follows once the session is idle."""
+        says replaces what its getting a sandbox said); else the call counts (a checkpoint follows
+        once the session is idle: `_holding`)."""
         if result.session_lost:
             return await self._sandboxes.replace(session)
         session.calls += 1
         await executor.jit_warm_up()
-        self._checkpoints.when_idle(session)
         return resumed
 
     async def _run_in(self, executor: Executor, call: Call) -> ExecutionResult:

@@ -47,7 +47,7 @@ def test_tools_list_shows_execute_python_with_its_output_schema() -> None:
     assert "Pyodide" in execute["description"]
     assert execute["inputSchema"]["required"] == ["code"]
     output = execute["outputSchema"]
-    assert {"success", "stdout", "stderr", "result", "error_type", "backend", "session_id"} <= set(
+    assert {"success", "status", "exception", "stdout", "stderr", "result", "backend", "session_id"} <= set(
         output["properties"]
     )
     assert "reset_session" in tools
