@@ -384,6 +384,8 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
   if (files !== null) return files;
   const linked = clean.linker.replay(header.linker);
   if (linked !== null) return `the checkpoint's native libraries could not be loaded again: ${linked}`;
+  // A finalizer of this sandbox's proxies would give back a reference in the checkpoint's memory.
+  clean.forgetFinalizers();
   const heap = new Uint8Array(module.HEAP8.buffer);
   heap.set(clean.memory);
   heap.fill(0, clean.memory.length);

@@ -6,6 +6,7 @@
 // after pyodide.asm.js is imported and before loadPyodide runs it.
 import { hookCalloc, type Imports, type Instance, restoreCalloc } from "./linker.ts";
 import { SIGNAL_KILL } from "./protocol.ts";
+import { watchFinalizers } from "./recycle.ts";
 
 type Done = (instance: Instance, module: WebAssembly.Module) => void;
 type Settings = {
@@ -41,6 +42,18 @@ export function hookInstance(options: InstanceOptions): void {
   const global = globalThis as unknown as { _createPyodideModule: (settings: Settings) => Promise<unknown> };
   const create = global._createPyodideModule;
   global._createPyodideModule = (settings: Settings) => {
+    // The settings object becomes Emscripten's Module: Pyodide's registry of PyProxy finalizers is
+    // watched as it is made, before any proxy is (recycle.ts). Not enumerable, so Emscripten's copy
+    // of the settings' own properties, written back later, leaves it alone.
+    let registry: FinalizationRegistry<unknown> | undefined;
+    Object.defineProperty(settings, "finalizationRegistry", {
+      configurable: true,
+      get: () => registry,
+      set: (value: FinalizationRegistry<unknown>) => {
+        registry = value;
+        watchFinalizers(value);
+      },
+    });
     if (options.maxBytes !== undefined) {
       const pages = (bytes: number) => Math.ceil(bytes / PAGE);
       const initial = settings.INITIAL_MEMORY ?? INITIAL_BYTES;

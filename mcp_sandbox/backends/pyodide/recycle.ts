@@ -63,6 +63,34 @@ const taints = new Set<string>();
 const timers = new Set<ReturnType<typeof setTimeout>>();
 let watching = false;
 
+// Pyodide's PyProxy finalizers, by token: each calls Py_DecRef on the pointer its proxy was made
+// for, at whatever V8 garbage collection finds the proxy gone. Those registered before the clean
+// point are dropped there (the worker's own proxies, which it let go of during its start): one
+// that ran later would take a reference from the object at that address in memory as it is then,
+// which after a restore holds another sandbox's state, where that reference was given back
+// already, so an object still in use is freed. Those registered since are dropped by a recycle
+// or a restore, before the memory they point into is replaced.
+const finalizers: object[] = [];
+const watchedRegistries = new WeakSet<object>();
+
+// Called with Pyodide's registry as soon as it is made, before any proxy is (instance.ts).
+export function watchFinalizers(registry: FinalizationRegistry<unknown>): void {
+  if (watchedRegistries.has(registry)) return;
+  watchedRegistries.add(registry);
+  const register = registry.register.bind(registry);
+  fix(registry, "register", (target: object, held: unknown, token?: object) => {
+    if (token !== undefined) finalizers.push(token);
+    else taint("a finalizer was registered without a token");
+    return register(target, held, token);
+  });
+}
+
+// The references the finalizers registered so far would give back are kept for good instead.
+function forgetFinalizers(registry: FinalizationRegistry<unknown>): void {
+  for (const token of finalizers) registry.unregister(token);
+  finalizers.length = 0;
+}
+
 // The originals, for this worker's own use: wrapped ones would count its timers as a program's.
 export const hostSetTimeout = globalThis.setTimeout.bind(globalThis);
 
@@ -298,7 +326,6 @@ export class CleanState {
   // Pyodide's record of the packages it loaded, and its clean entries.
   private readonly loadedPackages: Record<string, unknown>;
   private readonly cleanPackages: Record<string, unknown>;
-  private readonly registered: object[] = [];
   private readonly onmessage: unknown;
   private data: Map<string, NodeRecord> = new Map();
 
@@ -327,14 +354,10 @@ export class CleanState {
     this.cwd = FS.cwd();
     this.onmessage = handlerGetter("onmessage")?.call(globalThis);
     // Proxies that Python objects get during a run register with Pyodide's finalizer; after the
-    // memory is copied back, their finalizers would free someone else's objects.
-    const registry = module.finalizationRegistry;
-    const register = registry.register.bind(registry);
-    fix(registry, "register", (target: object, held: unknown, token?: object) => {
-      if (token !== undefined) this.registered.push(token);
-      else taints.add("a finalizer was registered without a token");
-      return register(target, held, token);
-    });
+    // memory is copied back, their finalizers would free someone else's objects. Those of the start
+    // go now (watchFinalizers; watched here too in case the registry was made out of sight).
+    watchFinalizers(module.finalizationRegistry);
+    forgetFinalizers(module.finalizationRegistry);
     for (const internal of [pyodide, module, (pyodide as unknown as { _api: object })._api]) internals.add(internal);
     const PyProxy = pyodide.ffi.PyProxy;
     isPyProxy = (value) => value instanceof PyProxy;
@@ -352,6 +375,12 @@ export class CleanState {
     for (const record of this.data.values()) record.node.ctime = record.ctime = 0;
   }
 
+  // Before the memory is replaced (a recycle, a restore): no finalizer registered since the clean
+  // point may run on what replaces it.
+  forgetFinalizers(): void {
+    forgetFinalizers(this.module.finalizationRegistry);
+  }
+
   // A clean slot of the function table holds something else: a C callback (ctypes) filled it.
   cleanSlotsChanged(): boolean {
     const table = this.module.wasmTable;
@@ -367,9 +396,7 @@ export class CleanState {
     if (reason !== null) return { clean: false, reason };
     for (const id of timers) clearTimeout(id); // clears intervals too
     timers.clear();
-    const registry = this.module.finalizationRegistry;
-    for (const token of this.registered) registry.unregister(token);
-    this.registered.length = 0;
+    this.forgetFinalizers();
     const files = this.restoreFiles();
     if (files !== null) return { clean: false, reason: files };
     const linker = this.linker.reset();
