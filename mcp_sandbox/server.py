@@ -33,6 +33,7 @@ from mcp.types import (
     PaginatedRequestParams,
     Resource,
     ResourceLink,
+    SetLevelRequestParams,
     TextContent,
     TextResourceContents,
     Tool,
@@ -45,6 +46,7 @@ from starlette.responses import JSONResponse, Response
 from mcp_sandbox.app import MAX_SESSION_ID_CHARS, App
 from mcp_sandbox.bridge.catalog import NO_MATCH, ToolSpec
 from mcp_sandbox.bridge.stubs import stubs
+from mcp_sandbox.client_log import forwarding, install, set_level
 from mcp_sandbox.errors import Refused
 from mcp_sandbox.kept import FILE_URI_TEMPLATE, URI_TEMPLATE, KeptOutputMissing, line_number
 from mcp_sandbox.kept import URI_PREFIX as KEPT_PREFIX
@@ -281,18 +283,25 @@ class SandboxServer(MCPServer):
     what the sandbox imports changes while the server runs (packages arrive, or fail to).
 
     A request that names what is not there (a tool, a prompt, a cursor) is the protocol error
-    -32602 (Invalid params), as the spec says, not a tool error, a traceback in the log and code 0."""
+    -32602 (Invalid params), as the spec says, not a tool error, a traceback in the log and code 0.
+
+    It declares `logging`: what it logs about a tool call goes to the client that made it, at the
+    level that client asked for (client_log)."""
 
     def __init__(self, app: App, **options: Any) -> None:
         super().__init__("mcp-sandbox", **options)
         self._app = app
+        # MCPServer takes no setLevel handler; the low-level server declares `logging` for one.
+        self._lowlevel_server.add_request_handler("logging/setLevel", SetLevelRequestParams, set_level)
+        install()
 
     async def _handle_call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult | InputRequiredResult:
         if self._tool_manager.get_tool(params.name) is None:
             raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}")
-        return await super()._handle_call_tool(ctx, params)
+        async with forwarding(ctx):
+            return await super()._handle_call_tool(ctx, params)
 
     async def _handle_get_prompt(
         self, ctx: ServerRequestContext[Any], params: GetPromptRequestParams
