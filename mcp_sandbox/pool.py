@@ -33,6 +33,7 @@ def _named(executor: Executor) -> str:
 
 @dataclass(eq=False)
 class _Waiter:
+    principal: str
     ready: anyio.Event = field(default_factory=anyio.Event)
     executor: Executor | None = None
     error: str | None = None
@@ -48,6 +49,10 @@ class ReadyPool:
     principal's calls delays another's by at most one sandbox. A caller waits at most
     `acquire_timeout` seconds.
 
+    A sandbox may serve some principals only (one that shares its process with another's
+    sandboxes, `Executor.serves`): it is handed to the first waiter it serves, and a start for a
+    waiter is started for its principal.
+
     A caller done with a sandbox gives it back (`release`): with `recycle`, it is reset in place
     in the background and is ready again in milliseconds; otherwise, or when it cannot be
     reset, it is closed. A sandbox lent for one call (`acquire(lend=True)`) is expected back, so
@@ -56,7 +61,7 @@ class ReadyPool:
 
     def __init__(
         self,
-        start: Callable[[], Awaitable[Executor]],
+        start: Callable[[str | None], Awaitable[Executor]],
         *,
         size: int,
         task_group: anyio.abc.TaskGroup,
@@ -106,13 +111,19 @@ class ReadyPool:
         return None
 
     def fill(self) -> None:
-        """Start as many sandboxes as it takes to have `size` ready plus one per waiter."""
+        """Start as many sandboxes as it takes to have `size` ready plus one per waiter: each
+        for the next waiter's principal, then for whoever comes."""
         if self._closed:
             return
+        for unfit in [executor for executor in self._ready if not executor.alive or not executor.reusable]:
+            # Died, or its process may hold code it could not stop: never handed out.
+            self._ready.remove(unfit)
+            self._task_group.start_soon(unfit.close)
         wanted = self._size + len(self._waiters) - len(self._ready) - self._starting - self._coming_back
+        whose: list[str | None] = [*self._waiters.principals()]
         for _ in range(max(0, wanted)):
             self._starting += 1
-            self._task_group.start_soon(self._start_one)
+            self._task_group.start_soon(self._start_one, whose.pop(0) if whose else None)
 
     @traced("mcp_sandbox.sandbox_wait")
     async def acquire(self, *, lend: bool = False, principal: str = SOLE) -> Executor:
@@ -128,10 +139,12 @@ class ReadyPool:
         self.fill()
         return executor
 
-    async def start_new(self) -> Executor:
-        """A sandbox started for its caller alone, never used before: for what a pooled one
-        may have been ruled out of by its use (a restore). Raises SandboxStartError."""
-        return await self._start()
+    async def start_new(self, principal: str = SOLE) -> Executor:
+        """A sandbox started for `principal`'s caller alone, never used before: for what a pooled
+        one may have been ruled out of by its use (a restore). Raises SandboxStartError."""
+        executor = await self._start(principal)
+        executor.claim(principal)
+        return executor
 
     async def release(self, executor: Executor, *, lent: bool = False) -> None:
         """Take back a sandbox its caller is done with (`lent`: one from `acquire(lend=True)`):
@@ -162,10 +175,10 @@ class ReadyPool:
             logger.info("a used %s was replaced, not recycled: %s", _named(executor), why_not.reason)
             await self._discard(executor)
             return
+        executor.unclaim()
         if self._closed:
             await executor.close()
-        elif self._waiters:
-            self._hand_over(executor)
+        elif self._hand_over(executor):
             logger.debug("a used %s was recycled, for a waiting caller", _named(executor))
         else:
             # First in line: its V8 has compiled Pyodide's hot code, a new one's has not.
@@ -174,18 +187,26 @@ class ReadyPool:
             while len(self._ready) > self._size:
                 await self._ready.pop().close()
 
-    def _hand_over(self, executor: Executor) -> None:
-        waiter = self._waiters.popleft()
+    def _hand_over(self, executor: Executor) -> bool:
+        """Give `executor` to the first waiter it serves; False when it serves none."""
+        waiter = self._waiters.popleft_of(executor.serves)
+        if waiter is None:
+            return False
+        executor.claim(waiter.principal)
         waiter.executor = executor
         waiter.ready.set()
+        return True
 
     async def _acquire(self, principal: str) -> Executor:
-        while self._ready:
-            executor = self._ready.popleft()
-            if executor.alive:
+        for executor in list(self._ready):
+            if not executor.alive or not executor.reusable:
+                self._ready.remove(executor)
+                await executor.close()
+            elif executor.serves(principal):
+                self._ready.remove(executor)
+                executor.claim(principal)
                 return executor
-            await executor.close()
-        waiter = _Waiter()
+        waiter = _Waiter(principal)
         self._waiters.append(principal, waiter)
         self.fill()
         try:
@@ -207,12 +228,12 @@ class ReadyPool:
             f"retry in about {self._acquire_timeout:g} s, or send fewer calls at once"
         )
 
-    async def _start_one(self) -> None:
+    async def _start_one(self, principal: str | None) -> None:
         try:
             async with self._start_slots:
                 if delay := self._backoff.delay:
                     await anyio.sleep(delay)
-                executor = await self._start()
+                executor = await self._start(principal)
         except SandboxStartError as error:
             self._starting -= 1
             self._backoff.failed()
@@ -235,9 +256,7 @@ class ReadyPool:
         if self._recycle:
             # A recycled sandbox keeps its compiled code, so warming it up pays for every caller.
             await executor.jit_warm_up()
-        if self._waiters:
-            self._hand_over(executor)
-        else:
+        if not self._hand_over(executor):
             self._ready.append(executor)
 
     async def close(self) -> None:

@@ -10,7 +10,9 @@ on its stdout. Every runner line is an envelope ``{"token": <str>, "msg": <Runne
 runner only the main thread knows it, and sandboxed code never runs there, so a line the
 sandbox prints itself carries no valid token and is dropped. (The CPython worker keeps the
 token in the sandbox's own process: a program there can forge its own results, as the README's
-security table says.) Closing the runner's stdin asks it to exit.
+security table says.) The Deno runner hosts several sandboxes, each a worker: its host lines
+are ``HostEnvelope``s naming one, and its own envelopes end with ``"sandbox": <int>``.
+Closing the runner's stdin asks it to exit.
 
     host -> runner                          runner -> host
     init         once, first                ready      the sandbox can run programs
@@ -20,6 +22,7 @@ security table says.) Closing the runner's stdin asks it to exit.
     tool_result  answer tool_call ``call``  progress   the latest line the program printed
                  (or describe ``call``)     tool_call  code calls tools.<server>.<tool>
                                             describe   code calls tools.describe(...)
+    close        (Pyodide) end this sandbox ended     (Pyodide) this sandbox is gone
 
 Runner <-> worker (Pyodide only). The Deno runner's main thread (runner.ts) owns stdin/stdout
 and hosts Pyodide in a less-permitted Worker (worker.ts). Main -> worker: ``WorkerInit``,
@@ -81,8 +84,6 @@ INTERRUPT_SIGNAL = 2
 SIGNAL_INTERRUPT, SIGNAL_KILL = 0, 1
 #: Seconds a killed program's worker gets to end and be replaced before its process is killed.
 KILL_WAIT = 1.0
-#: The runner's exit status when its sandbox is gone for good (worker crashed or exited).
-EXIT_SANDBOX_GONE = 70
 #: The JIT warm-up runs only after this long without a message from the host.
 JIT_WARM_UP_IDLE_MS = 250
 #: Rounds of the JIT warm-up a Pyodide sandbox runs before ``ready``.
@@ -388,6 +389,13 @@ class CheckpointMessage(TypedDict):
     file: str
 
 
+class CloseMessage(TypedDict):
+    """(Pyodide) This sandbox is done: its worker is ended, and nothing more is sent for it. The
+    runner's other sandboxes go on; closing stdin ends the process."""
+
+    type: Literal["close"]
+
+
 class RestoreMessage(TypedDict):
     """Put the checkpoint in ``file`` (where ``checkpoint`` writes it; the runner deletes it)
     into this sandbox, which must not have run a program since it started or was recycled;
@@ -408,6 +416,7 @@ HostMessage = (
     | RecycleMessage
     | CheckpointMessage
     | RestoreMessage
+    | CloseMessage
 )
 
 # --- Runner -> host ---
@@ -445,6 +454,14 @@ class FatalMessage(TypedDict):
     """The runner cannot go on (Pyodide failed to load)."""
 
     type: Literal["fatal"]
+    message: str
+
+
+class EndedMessage(TypedDict):
+    """(Pyodide) The sandbox is gone for good (its worker ended between runs, or could not be
+    replaced), for ``message``'s reason; the runner's other sandboxes go on."""
+
+    type: Literal["ended"]
     message: str
 
 
@@ -517,6 +534,7 @@ RunnerMessage = (
     | ResultMessage
     | CrashedMessage
     | FatalMessage
+    | EndedMessage
     | ProgressMessage
     | ToolCallMessage
     | DescribeMessage
@@ -526,8 +544,18 @@ RunnerMessage = (
 )
 
 
-def encode(message: HostMessage) -> bytes:
-    return json.dumps(message, ensure_ascii=False).encode() + b"\n"
+class HostEnvelope(TypedDict):
+    """(Pyodide) A host line to a runner that hosts several sandboxes: ``msg`` is for sandbox
+    number ``sandbox``, whose first message is its ``init``."""
+
+    sandbox: int
+    msg: HostMessage
+
+
+def encode(message: HostMessage, sandbox: int | None = None) -> bytes:
+    """One host line: the message itself, or, for a runner of several sandboxes, its envelope."""
+    line: HostMessage | HostEnvelope = message if sandbox is None else {"sandbox": sandbox, "msg": message}
+    return json.dumps(line, ensure_ascii=False).encode() + b"\n"
 
 
 def envelope_prefix(token: str) -> str:
@@ -537,6 +565,13 @@ def envelope_prefix(token: str) -> str:
 
 def open_envelope(line: bytes, token: str) -> dict[str, Any] | None:
     """The (not yet validated) message inside a runner line, or None when the line is not genuine."""
+    opened = open_runner_line(line, token)
+    return None if opened is None else opened[1]
+
+
+def open_runner_line(line: bytes, token: str) -> tuple[int, dict[str, Any]] | None:
+    """The sandbox a genuine runner line is from (its envelope's ``sandbox``, after ``msg``; 0
+    where a runner hosts one) and its (not yet validated) message; None when it is not genuine."""
     if not line.startswith(envelope_prefix(token).encode()):
         return None  # forged: not parsed at all
     try:
@@ -551,7 +586,10 @@ def open_envelope(line: bytes, token: str) -> dict[str, Any] | None:
         return None
     if not hmac.compare_digest(sent_token.encode(), token.encode()):
         return None
-    return message
+    sandbox = envelope.get("sandbox", 0)
+    if not isinstance(sandbox, int) or isinstance(sandbox, bool):
+        return None
+    return sandbox, message
 
 
 # --- The CPython worker's command line ---

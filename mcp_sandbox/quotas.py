@@ -201,6 +201,30 @@ class RoundRobin(Generic[T]):
             self._queues[principal] = queue
         return item
 
+    def popleft_of(self, fits: Callable[[str], bool]) -> T | None:
+        """The next item of the first principal in turn that `fits`, which then goes last; None
+        when no such principal has one waiting."""
+        principal = next((name for name in self._queues if fits(name)), None)
+        if principal is None:
+            return None
+        queue = self._queues.pop(principal)
+        item = queue.popleft()
+        if queue:
+            self._queues[principal] = queue
+        return item
+
+    def principals(self) -> list[str]:
+        """Whose the waiting items are, in the order they would be taken."""
+        left = {name: len(queue) for name, queue in self._queues.items()}
+        order: list[str] = []
+        while left:
+            for name in list(left):
+                order.append(name)
+                left[name] -= 1
+                if not left[name]:
+                    del left[name]
+        return order
+
     def remove(self, principal: str, item: T) -> None:
         """Take out an item that stopped waiting. Raises ValueError when it is not there."""
         queue = self._queues.get(principal)

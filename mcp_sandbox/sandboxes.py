@@ -119,7 +119,7 @@ class Sandboxes:
             # A pooled sandbox may have been used (recycled) in a way that rules it out: a new one.
             first = refused
             try:
-                executor = await self._pool.start_new()
+                executor = await self._pool.start_new(owner(session.session_id))
                 refused = await executor.restore(checkpoint.payload)
             except SandboxStartError as error:
                 refused = NotDone(f"{first.reason}; and a new sandbox did not start: {error}")

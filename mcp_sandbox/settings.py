@@ -87,6 +87,15 @@ class Settings(BaseSettings):
         description="Memory per sandbox: subprocess, its address space (RLIMIT_AS); pyodide, its WebAssembly "
         "memory's maximum (MemoryError past it) and V8 heap, with a host-side watchdog as the last resort.",
     )
+    sandboxes_per_process: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="pyodide: sandboxes one Deno process hosts, each a worker of its own, all of one "
+        "principal. A new sandbox in a running process starts in a fraction of a new process's time and "
+        "shares its compiled code; a process-wide failure (a V8 heap out of memory) costs all of them "
+        "their live state (each session comes back from its checkpoint, saying so). 1: a process each.",
+    )
     allow_net: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9.\-:\[\]]+(,[A-Za-z0-9.\-:\[\]]+)*$",

@@ -36,6 +36,8 @@ TEST_ENV = {
     "MCP_SANDBOX_DEFAULT_PACKAGES": "",
     # A host secret that must never be visible inside the sandbox.
     "MCP_SANDBOX_TEST_SECRET": "hunter2-host-secret",
+    # A checkout run with PYTHONPATH (a git worktree, say): its servers run that code too.
+    **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
 }
 
 
@@ -95,7 +97,7 @@ async def http_server(transport: str = "http", **env: str) -> AsyncIterator[tupl
     port = free_port()
     command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", transport, "--port", str(port)]
     process = await anyio.open_process(
-        command, env=server_env(MCP_SANDBOX_POOL_SIZE="1", **env), stdout=subprocess.DEVNULL
+        command, env=server_env(**{"MCP_SANDBOX_POOL_SIZE": "1", **env}), stdout=subprocess.DEVNULL
     )
     try:
         await wait_for_port(port, process)

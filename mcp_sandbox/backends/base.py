@@ -255,6 +255,17 @@ class Executor(ABC):
     async def close(self) -> None:
         """Stop the sandbox and free everything it holds. Safe to call twice."""
 
+    def serves(self, principal: str) -> bool:
+        """Whether it may be handed to `principal`'s call: a sandbox that shares its process with
+        others serves only the principal of those handed out."""
+        return True
+
+    def claim(self, principal: str) -> None:  # noqa: B027 - optional: only a shared process binds
+        """It is handed to `principal`'s call (once `serves` said it may)."""
+
+    def unclaim(self) -> None:  # noqa: B027 - optional: only a shared process binds
+        """It is back in the pool, clean, and nobody's."""
+
     async def kill(self) -> None:  # noqa: B027 - optional: only with can_kill
         """End the running program that ignored its interrupt, losing the sandbox's state but not
         the sandbox: the run then ends in SandboxDied with `renewed`. Returns at once."""
@@ -464,8 +475,9 @@ class Backend(ABC):
         return self.name
 
     @abstractmethod
-    async def start(self) -> Executor:
-        """A new sandbox, started and ready to run code. Raises SandboxStartError."""
+    async def start(self, principal: str | None = None) -> Executor:
+        """A new sandbox, started and ready to run code, for `principal`'s call (None: for whoever
+        comes). Raises SandboxStartError."""
 
     @abstractmethod
     def summary(self) -> str:

@@ -320,7 +320,7 @@ class InProcessBackend(HostPythonBackend):
         if self._settings.data_dir is not None:
             guest.protect_read_only(str(self._settings.data_dir))
 
-    async def start(self) -> Executor:
+    async def start(self, principal: str | None = None) -> Executor:
         name = f"mcp-sandbox-inprocess-{next(self._numbers)}"
         return InProcessExecutor(self._limits, self._hooks, name, self.workdir)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -24,7 +25,7 @@ from mcp_sandbox.backends.base import (
     SandboxDied,
     SandboxStartError,
 )
-from mcp_sandbox.backends.channel import BetweenRuns, Malformed, RunnerChannel
+from mcp_sandbox.backends.channel import BetweenRuns, Malformed, RunnerChannel, RunnerPipe
 from mcp_sandbox.backends.watch import MB, ProcessWatch, is_running, resident_bytes
 from mcp_sandbox.protocol import GuestOutcome, reply_error
 
@@ -75,18 +76,87 @@ class CheckpointFiles(Protocol):
         ...
 
 
+def max_line(limits: ExecutorLimits) -> int:
+    """The longest runner line a sandbox with these limits may send."""
+    return protocol.max_line_bytes(
+        limits.max_output_chars,
+        limits.guest["output"]["max_bytes"],
+        limits.guest["max_kept_output_chars"],
+    )
+
+
+class SandboxWatch(Protocol):
+    """What an executor asks of its sandbox's watch: a whole process's (watch.ProcessWatch), or
+    one co-hosted sandbox's (pyodide/host.py)."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def killed_from_outside(self) -> bool: ...
+
+    def fail(self, reason: str) -> None:
+        """End the sandbox because of `reason`, which is then why it died."""
+        ...
+
+    async def end(self) -> None:
+        """End the sandbox on purpose, and wait until it is gone."""
+        ...
+
+    def stderr_tail(self) -> str: ...
+
+    def reason(self) -> str: ...
+
+    async def report(self) -> SandboxDied: ...
+
+
+@dataclass(frozen=True)
+class RunnerLink:
+    """How an executor reaches its sandbox: its process's pid, the sandbox's watch and channel."""
+
+    pid: int
+    watch: SandboxWatch
+    channel: RunnerChannel
+
+
+def solo_link(
+    process: anyio.abc.Process, token: str, limits: ExecutorLimits
+) -> tuple[RunnerLink, RunnerPipe]:
+    """The link to a runner process that hosts one sandbox, and the process's pipe."""
+    watch = ProcessWatch(process)
+    pipe = RunnerPipe(process, watch, token, max_line(limits), enveloped=False)
+    return RunnerLink(process.pid, watch, RunnerChannel(pipe, 0, watch, watch.fail)), pipe
+
+
+def start_reading(
+    pipe: RunnerPipe, watch: ProcessWatch, task_group: anyio.abc.TaskGroup, memory_limit: int | None = None
+) -> None:
+    """Read a runner process's stdout and stderr (and watch its memory, given a limit in bytes)."""
+    task_group.start_soon(pipe.pump)
+    task_group.start_soon(watch.read_stderr)
+    if memory_limit is not None and resident_bytes(watch.pid) is not None:
+        task_group.start_soon(watch.watch_memory, memory_limit)
+
+
 async def start_process_executor(
     executor: ProcessExecutor,
+    pipe: RunnerPipe,
     task_group: anyio.abc.TaskGroup,
     start_timeout: float,
     memory_limit: int | None = None,
 ) -> ProcessExecutor:
-    """Wire up the executor's readers (and memory watchdog, given a limit in bytes) and wait for
-    its `ready`; raises SandboxStartError."""
-    task_group.start_soon(executor.channel.pump)
-    task_group.start_soon(executor.watch.read_stderr)
-    if memory_limit is not None and resident_bytes(executor.pid) is not None:
-        task_group.start_soon(executor.watch.watch_memory, memory_limit)
+    """Wire up the readers of a process that hosts one sandbox, and wait for its `ready`; raises
+    SandboxStartError."""
+    assert isinstance(executor.watch, ProcessWatch)
+    start_reading(pipe, executor.watch, task_group, memory_limit)
+    return await initialize(executor, start_timeout)
+
+
+async def initialize(executor: ProcessExecutor, start_timeout: float) -> ProcessExecutor:
+    """Send the executor's `init` and wait for its `ready`; raises SandboxStartError."""
     try:
         with anyio.fail_after(start_timeout):
             await executor.initialize()
@@ -113,24 +183,19 @@ class ProcessExecutor(Executor):
 
     def __init__(
         self,
-        process: anyio.abc.Process,
+        link: RunnerLink,
         limits: ExecutorLimits,
         hooks: ExecutorHooks,
         init: protocol.InitMessage,
         files: CheckpointFiles,
     ) -> None:
-        """`init`: the message the runner gets first (`init_message`), whose token seals the
-        runner's messages; `files`: where its checkpoint files pass."""
+        """`link`: how its sandbox is reached; `init`: the message the runner gets first
+        (`init_message`), whose token seals the runner's messages; `files`: where its checkpoint
+        files pass."""
         super().__init__(limits, hooks)
-        self._process = process
-        self.pid = process.pid
-        self.watch = ProcessWatch(process)
-        max_line = protocol.max_line_bytes(
-            limits.max_output_chars,
-            limits.guest["output"]["max_bytes"],
-            limits.guest["max_kept_output_chars"],
-        )
-        self.channel = RunnerChannel(process, self.watch, init["token"], max_line)
+        self.pid = link.pid
+        self.watch = link.watch
+        self.channel = link.channel
         self._init = init
         self._files = files
         self._run_id = 0

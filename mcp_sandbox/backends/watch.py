@@ -71,6 +71,10 @@ class ProcessWatch:
         self.closed = False
 
     @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
     def alive(self) -> bool:
         return not self.closed and self.death is None and self._process.returncode is None
 
@@ -91,6 +95,10 @@ class ProcessWatch:
             self._process.kill()
         await self._process.wait()
         await self._process.aclose()
+
+    async def wait(self) -> None:
+        """Wait until the process has ended."""
+        await self._process.wait()
 
     async def watch_memory(self, limit: int) -> None:
         """Kill the sandbox when its resident memory passes `limit` bytes: the host-side cap for
@@ -135,14 +143,16 @@ class ProcessWatch:
             return f"the sandbox process was killed by {name}{hint}"
         return f"the sandbox process exited with status {code}"
 
-    async def report(self) -> SandboxDied:
-        """Why the sandbox went away, once its exit status and last words are in."""
+    async def report(self, *, tail: bool = True) -> SandboxDied:
+        """Why the sandbox went away, once its exit status and last words are in (with the tail
+        of its stderr, unless not `tail`)."""
         if self.death is None and not self.closed:
             with anyio.move_on_after(1):
                 await self._process.wait()
-        reason, tail = self.reason(), self.stderr_tail()
+        reason, last = self.reason(), self.stderr_tail()
+        said = last if tail else ""
         if self._over_memory:
             return SandboxDied(reason, "MemoryLimit")
-        if "out of memory" in tail.lower() or "heap limit" in tail.lower():
-            return SandboxDied(f"{reason}: out of memory{tail}", "MemoryLimit")
-        return SandboxDied(reason + tail)
+        if "out of memory" in last.lower() or "heap limit" in last.lower():
+            return SandboxDied(f"{reason}: out of memory{said}", "MemoryLimit")
+        return SandboxDied(reason + said)

@@ -44,7 +44,7 @@ class LengthExecutor(Executor):
 class LengthBackend(Backend):
     name: ClassVar[str] = "length"
 
-    async def start(self) -> Executor:
+    async def start(self, principal: str | None = None) -> Executor:
         return LengthExecutor(self._limits, self._hooks)
 
     def summary(self) -> str:

@@ -56,7 +56,7 @@ class FakeBackend:
     saves_sessions: ClassVar[bool] = True
 
 
-async def start() -> Executor:
+async def start(principal: str | None = None) -> Executor:
     return StatefulExecutor()
 
 
@@ -188,7 +188,7 @@ class RefusingExecutor(StatefulExecutor):
 async def test_a_refused_checkpoint_is_said_once_in_the_next_result(tmp_path: Path) -> None:
     started: list[RefusingExecutor] = []
 
-    async def refusing() -> Executor:
+    async def refusing(principal: str | None = None) -> Executor:
         started.append(RefusingExecutor())
         return started[-1]
 

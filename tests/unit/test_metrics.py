@@ -145,7 +145,7 @@ def test_lost_sandboxes_restores_and_checkpoints() -> None:
     assert got["mcp_sandbox_checkpoint_bytes_total", ()] == 1024
 
 
-async def quick_start() -> Executor:
+async def quick_start(principal: str | None = None) -> Executor:
     return FakeExecutor()
 
 
@@ -153,7 +153,7 @@ async def test_the_pool_reports_waits_failures_and_its_health() -> None:
     metrics = Metrics()
     failing = True
 
-    async def start() -> Executor:
+    async def start(principal: str | None = None) -> Executor:
         if failing:
             raise SandboxStartError("no runtime here")
         return FakeExecutor()

@@ -303,7 +303,7 @@ class NoteEveryImport(Backend):
 
     name = "fake"
 
-    async def start(self) -> Executor:
+    async def start(self, principal: str | None = None) -> Executor:
         raise NotImplementedError
 
     def summary(self) -> str:

@@ -15,7 +15,7 @@ from tests.unit.fakes import FakeExecutor
 pytestmark = pytest.mark.anyio
 
 
-async def quick_start() -> Executor:
+async def quick_start(principal: str | None = None) -> Executor:
     await anyio.sleep(0.01)
     return FakeExecutor()
 
@@ -72,7 +72,7 @@ async def test_waiters_are_served_first_come_first_served() -> None:
 
 
 async def test_a_failing_start_reaches_the_waiter_at_once() -> None:
-    async def broken() -> Executor:
+    async def broken(principal: str | None = None) -> Executor:
         raise SandboxStartError("no runtime here")
 
     async with anyio.create_task_group() as group:
@@ -86,7 +86,7 @@ async def test_a_failing_start_reaches_the_waiter_at_once() -> None:
 async def test_a_single_failed_start_is_retried_for_the_waiter() -> None:
     attempts: list[int] = []
 
-    async def flaky() -> Executor:
+    async def flaky(principal: str | None = None) -> Executor:
         attempts.append(1)
         if len(attempts) == 1:
             raise SandboxStartError("killed while starting")
@@ -101,7 +101,7 @@ async def test_a_single_failed_start_is_retried_for_the_waiter() -> None:
 
 
 async def test_acquire_gives_up_after_its_timeout() -> None:
-    async def slow() -> Executor:
+    async def slow(principal: str | None = None) -> Executor:
         await anyio.sleep(10)
         return FakeExecutor()
 
@@ -132,7 +132,7 @@ async def test_session_keeps_its_executor_and_one_off_calls_discard_theirs() -> 
 
 async def test_a_lost_session_gets_a_new_sandbox() -> None:
     async with anyio.create_task_group() as group:
-        pool = ReadyPool(lambda: _stubborn(), size=1, task_group=group, acquire_timeout=1)
+        pool = ReadyPool(_stubborn, size=1, task_group=group, acquire_timeout=1)
         sessions = Sessions(settings(), pool)
         lost = await sessions.run("hang", timeout=0.05, session_id="s")
         assert lost.session_lost
@@ -141,7 +141,7 @@ async def test_a_lost_session_gets_a_new_sandbox() -> None:
         await pool.close()
 
 
-async def _stubborn() -> Executor:
+async def _stubborn(principal: str | None = None) -> Executor:
     return FakeExecutor(stubborn=True)
 
 

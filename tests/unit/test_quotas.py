@@ -172,7 +172,7 @@ async def test_the_pool_hands_new_sandboxes_to_waiting_principals_in_turn() -> N
     send, receive = anyio.create_memory_object_stream[Executor](10)
     served: list[str] = []
 
-    async def gated_start() -> Executor:
+    async def gated_start(principal: str | None = None) -> Executor:
         return await receive.receive()  # a start ends when the test says
 
     async with send, receive, anyio.create_task_group() as group:
@@ -195,7 +195,7 @@ async def test_the_pool_hands_new_sandboxes_to_waiting_principals_in_turn() -> N
     assert served == ["alice", "bob", "alice", "alice", "alice"]
 
 
-async def quick_start() -> Executor:
+async def quick_start(principal: str | None = None) -> Executor:
     return FakeExecutor()
 
 

@@ -105,7 +105,7 @@ class Sandboxes:
     def __init__(self) -> None:
         self.started: list[KillableExecutor] = []
 
-    async def start(self) -> Executor:
+    async def start(self, principal: str | None = None) -> Executor:
         executor = KillableExecutor()
         self.started.append(executor)
         return executor

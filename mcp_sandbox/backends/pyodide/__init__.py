@@ -1,8 +1,10 @@
 """The default backend: CPython compiled to WebAssembly (Pyodide), hosted by Deno.
 
-Each sandbox is one Deno process running runner.ts (in this folder) with almost no permissions: no
-network, environment, subprocesses, FFI, system info or writes, and reading only its own
-runner files and the Pyodide package. Deno's permission system is the wall; Pyodide's
+Each sandbox is a Pyodide worker in a Deno process running runner.ts (in this folder), which
+hosts up to MCP_SANDBOX_SANDBOXES_PER_PROCESS of them, of one principal (host.py). The process has
+almost no permissions: no network, environment, subprocesses, FFI or system info, writing only
+its checkpoint folder and reading only its runner files, the Pyodide package and the data and
+packages folders; each worker has fewer still. Deno's permission system is the wall; Pyodide's
 virtual file system and environment are what sandboxed code sees.
 """
 
@@ -13,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import threading
@@ -34,9 +37,13 @@ from mcp_sandbox.backends.base import (
 from mcp_sandbox.backends.process import (
     GUEST_MODULES,
     ProcessExecutor,
+    RunnerLink,
     init_message,
-    start_process_executor,
+    initialize,
+    max_line,
+    start_reading,
 )
+from mcp_sandbox.backends.pyodide.host import HostedWatch, RunnerProcess
 from mcp_sandbox.backends.watch import MB
 from mcp_sandbox.packages import (
     DefaultPackages,
@@ -47,7 +54,7 @@ from mcp_sandbox.packages import (
     is_verified,
     package_key,
 )
-from mcp_sandbox.protocol import InitMessage, RecycleMessage
+from mcp_sandbox.protocol import GuestOutcome, InitMessage, RecycleMessage
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -107,6 +114,9 @@ class PyodideBackend(Backend):
         self._packages: DefaultPackages | None = None
         #: Loaded and imported by every sandbox before its clean point.
         self.preload: list[str] = []
+        #: The runner processes that host this backend's sandboxes.
+        self._processes: list[RunnerProcess] = []
+        self._new_process = anyio.Lock()
 
     def _sandbox_env(self) -> dict[str, str]:
         # The sandbox process gets a bare environment: nothing of the host's reaches even the runner.
@@ -313,7 +323,35 @@ class PyodideBackend(Backend):
             readable.append(self._settings.packages_folder)
         return [path for path in readable if path is not None]
 
-    async def start(self) -> Executor:
+    async def start(self, principal: str | None = None) -> Executor:
+        """A new sandbox in a running process with room for `principal`'s, or in a new process."""
+        host = self._with_room(principal)
+        if host is None:
+            async with self._new_process:  # one start at a time: a second start waits for its room
+                host = self._with_room(principal) or await self._start_process()
+        sandbox = host.add()
+        watch = HostedWatch(host, sandbox, self._task_group)
+        init = self._init(host.folder(sandbox), host.token)
+        settings = self._settings
+        executor = PyodideExecutor(
+            RunnerLink(host.pid, watch, watch.channel()),
+            self._limits,
+            self._hooks,
+            init,
+            host=host,
+            sandbox=sandbox,
+            jit_warm_up_rounds=settings.pyodide_warm_up_rounds,
+        )
+        await initialize(executor, settings.start_timeout)
+        return executor
+
+    def _with_room(self, principal: str | None) -> RunnerProcess | None:
+        """The fullest running process with room (so processes empty out and end), or None."""
+        self._processes = [host for host in self._processes if host.watch.alive]
+        fitting = [host for host in self._processes if host.has_room(principal)]
+        return max(fitting, key=lambda host: host.hosted, default=None)
+
+    async def _start_process(self) -> RunnerProcess:
         # Private (0700) and local: checkpoints pass through it on their way to the store.
         checkpoint_dir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-checkpoint-"))
         try:
@@ -325,26 +363,35 @@ class PyodideBackend(Backend):
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
             raise
         settings = self._settings
-        executor = PyodideExecutor(
+        host = RunnerProcess(
             process,
-            self._limits,
-            self._hooks,
-            self._init(checkpoint_dir),
-            checkpoint_dir=checkpoint_dir,
-            jit_warm_up_rounds=settings.pyodide_warm_up_rounds,
+            secrets.token_hex(16),
+            checkpoint_dir,
+            capacity=settings.sandboxes_per_process,
+            max_line=max_line(self._limits),
+            principals=settings.many_principals,
         )
-        return await start_process_executor(
-            executor,
-            self._task_group,
-            settings.start_timeout,
-            memory_limit=watchdog_limit(settings.memory_mb),
-        )
+        start_reading(host.pipe, host.watch, self._task_group, watchdog_limit(settings))
+        self._task_group.start_soon(self._said_when_gone, host)
+        self._processes.append(host)
+        return host
 
-    def _init(self, checkpoint_dir: Path) -> InitMessage:
-        """A new sandbox's `init`: the folders it reads and writes, its memory, what it preloads."""
+    async def _said_when_gone(self, host: RunnerProcess) -> None:
+        """The log hears why a process ended unasked: its sandboxes' callers hear only that it did."""
+        await host.watch.wait()
+        if not host.watch.closed:
+            logger.warning(
+                "pyodide process %d ended: %s%s", host.pid, host.watch.reason(), host.watch.stderr_tail()
+            )
+        shutil.rmtree(host.checkpoint_dir, ignore_errors=True)
+
+    def _init(self, checkpoint_dir: Path, token: str) -> InitMessage:
+        """A new sandbox's `init`: its process's token, the folders it reads and writes, its
+        memory, what it preloads."""
         settings = self._settings
         assert self._pyodide_dir is not None
         init = init_message(self._limits)
+        init["token"] = token
         init["checkpoint_dir"] = str(checkpoint_dir)
         init["memory_max_bytes"] = settings.memory_mb * MB
         init["pyodide_dir"] = str(self._pyodide_dir)
@@ -377,17 +424,17 @@ class PyodideBackend(Backend):
         return f"network access only to {allowed} (pyodide.http.pyfetch)" if allowed else "no network"
 
 
-#: MB a Pyodide process holds besides its WebAssembly memory and its JavaScript heap: V8, the
-#: compiled WebAssembly, Deno (an idle sandbox's whole process is about 200 MB).
+#: MB a Pyodide process holds besides its sandboxes' WebAssembly memory and JavaScript heaps: V8,
+#: the compiled WebAssembly, Deno (an idle process with one sandbox is about 200 MB).
 PROCESS_MB = 256
 
 
-def watchdog_limit(memory_mb: int) -> int:
-    """Bytes of resident memory past which the watchdog kills a Pyodide sandbox: its WebAssembly
-    memory (capped at `memory_mb`, past which Python gets MemoryError) and its JavaScript heap
-    (capped at `memory_mb` by V8) both full, and the process's own share. A last resort, for
-    growth neither cap sees."""
-    return (2 * memory_mb + PROCESS_MB) * MB
+def watchdog_limit(settings: Settings) -> int:
+    """Bytes of resident memory past which the watchdog kills a Pyodide process: each of its
+    sandboxes' WebAssembly memory (capped at `memory_mb`, past which Python gets MemoryError) and
+    JavaScript heap (capped at `memory_mb` by V8) full, and the process's own share. A last
+    resort, for growth neither cap sees."""
+    return (2 * settings.memory_mb * settings.sandboxes_per_process + PROCESS_MB) * MB
 
 
 class PyodideExecutor(ProcessExecutor):
@@ -397,20 +444,62 @@ class PyodideExecutor(ProcessExecutor):
 
     def __init__(
         self,
-        process: anyio.abc.Process,
+        link: RunnerLink,
         limits: ExecutorLimits,
         hooks: ExecutorHooks,
         init: InitMessage,
         *,
-        checkpoint_dir: Path,
+        host: RunnerProcess,
+        sandbox: int,
         jit_warm_up_rounds: int,
     ) -> None:
-        """`checkpoint_dir`: the private folder checkpoints pass through (the runner may write
-        it); `jit_warm_up_rounds`: rounds of the guest's JIT warm-up to run when idle (0: none)."""
-        super().__init__(process, limits, hooks, init, CheckpointFolder(checkpoint_dir))
-        self.checkpoint_dir = checkpoint_dir
+        """`host`: the process it is sandbox number `sandbox` of; `jit_warm_up_rounds`: rounds of
+        the guest's JIT warm-up to run when idle (0: none)."""
+        self._host = host
+        self._sandbox = sandbox
+        super().__init__(link, limits, hooks, init, CheckpointFolder(host.folder(sandbox)))
         self.jit_warm_up_rounds = jit_warm_up_rounds
         self._jit_warm_up_sent = False
+        #: A program was sent and its outcome not yet read: closed now, it may still be running.
+        self._running = False
+
+    @property
+    def reusable(self) -> bool:
+        return self._reusable and not self._host.retiring
+
+    @reusable.setter
+    def reusable(self, value: bool) -> None:
+        self._reusable = value
+
+    def serves(self, principal: str) -> bool:
+        return self._host.serves(principal)
+
+    def claim(self, principal: str) -> None:
+        self._host.claim(self._sandbox, principal)
+
+    def unclaim(self) -> None:
+        self._host.unclaim(self._sandbox)
+
+    async def renew(self) -> bool:
+        self._running = False  # the worker that ran it ended itself: nothing of it runs on
+        return await super().renew()
+
+    async def _submit(self, code: str, tools_manifest: str | None) -> None:
+        await super()._submit(code, tools_manifest)
+        self._running = True
+
+    async def _await_outcome(self) -> GuestOutcome:
+        outcome = await super()._await_outcome()
+        self._running = False
+        return outcome
+
+    async def close(self) -> None:
+        # A worker that ended itself (a crash, a kill at a signal check) runs nothing more, but one
+        # closed mid-run may be busy in JavaScript, which Worker.terminate does not stop
+        # (deno#35657): its process takes no new sandboxes, and ends with those it has.
+        if self._running:
+            self._host.retire(f"sandbox {self._sandbox} was closed while its program ran")
+        await super().close()
 
     async def jit_warm_up(self) -> None:
         if self.jit_warm_up_rounds > 0 and not self._jit_warm_up_sent and self.alive:
@@ -428,10 +517,6 @@ class PyodideExecutor(ProcessExecutor):
         logger.debug("%s sandbox %d recycled in %.1f ms", self.backend, self.pid, message["ms"])
         self._tools_version = -1  # the guest's `tools` went with the rest of its state
         return None
-
-    async def close(self) -> None:
-        await super().close()
-        shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
 
 
 class CheckpointFolder:

@@ -10,7 +10,6 @@ export const SYNC_INTERRUPTED = 2;
 export const INTERRUPT_SIGNAL = 2;
 export const SIGNAL_INTERRUPT = 0;
 export const SIGNAL_KILL = 1;
-export const EXIT_SANDBOX_GONE = 70;
 export const JIT_WARM_UP_IDLE_MS = 250;
 export const JIT_WARM_UP_ROUNDS_AT_START = 3;
 export const GUEST_RUNTIME_MODULE = "mcp_sandbox.guest";
@@ -131,6 +130,10 @@ export type RestoreMessage = {
   file: string;
 };
 
+export type CloseMessage = {
+  type: "close";
+};
+
 export type HostMessage =
   | InitMessage
   | RunMessage
@@ -140,7 +143,13 @@ export type HostMessage =
   | ToolResultMessage
   | RecycleMessage
   | CheckpointMessage
-  | RestoreMessage;
+  | RestoreMessage
+  | CloseMessage;
+
+export type HostEnvelope = {
+  sandbox: number;
+  msg: HostMessage;
+};
 
 export type ReadyMessage = {
   type: "ready";
@@ -165,6 +174,11 @@ export type CrashedMessage = {
 
 export type FatalMessage = {
   type: "fatal";
+  message: string;
+};
+
+export type EndedMessage = {
+  type: "ended";
   message: string;
 };
 
@@ -219,6 +233,7 @@ export type RunnerMessage =
   | ResultMessage
   | CrashedMessage
   | FatalMessage
+  | EndedMessage
   | ProgressMessage
   | ToolCallMessage
   | DescribeMessage

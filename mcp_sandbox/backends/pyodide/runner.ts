@@ -1,15 +1,18 @@
-// Host-facing side of the sandbox: owns stdin/stdout and one Pyodide Worker.
-// Every message and constant comes from protocol.ts, generated from mcp_sandbox/protocol.py.
+// Host-facing side of the sandboxes: owns stdin/stdout and one Pyodide Worker per sandbox, all of
+// one principal. Every message and constant comes from protocol.ts, generated from
+// mcp_sandbox/protocol.py.
 //
 // The main thread never runs sandboxed code, so it stays free to read an `interrupt`
-// while the worker is busy, and it alone knows the session token that marks genuine
-// lines on stdout: code in the worker can write to stdout, but cannot forge a token.
+// while a worker is busy, and it alone knows the session token that marks genuine
+// lines on stdout: code in a worker can write to stdout, but cannot forge a token. Each worker's
+// messages are read from its own Worker object, so whatever a worker posts acts for its sandbox
+// only: the sandbox number on its lines is this thread's, never the worker's.
 import {
   type CheckpointedMessage,
   type ControlAnswer,
   type ControlRequest,
   type CrashedMessage,
-  EXIT_SANDBOX_GONE,
+  type HostEnvelope,
   type HostMessage,
   type InitMessage,
   INTERRUPT_SIGNAL,
@@ -37,111 +40,35 @@ import {
 const PASSING = new Set<string>(PASSING_KINDS);
 
 const encoder = new TextEncoder();
-let token = "";
-let runningId: number | null = null;
-// Shared with the worker (the layout is in protocol.py), and new for each worker. `signals`:
-// Pyodide polls its first word, where INTERRUPT_SIGNAL raises KeyboardInterrupt; the second is the
-// kill flag. A blocking tool call: the worker sleeps in Atomics.wait until this thread writes the
-// reply into syncData and wakes it.
-let signals: Int32Array;
-let syncState: Int32Array;
-let syncData: SharedArrayBuffer;
-newSharedMemory();
-let pendingSyncCall: number | null = null;
-// Pyodide's compiled WebAssembly, handed over by the first worker: a replacement starts from it.
+// Every sandbox's first `init` carries the process's token; one sent later cannot change it.
+let token: string | null = null;
+// Pyodide's compiled WebAssembly, handed over by the first worker: every later one starts from it,
+// so V8's compiled and optimised code is shared, and kept across crashes.
 let compiled: WebAssembly.Module | null = null;
-// A replacement worker is starting: its `fatal` ends this process.
-let renewing = false;
-// Requests between runs (recycle, checkpoint, restore) and their answers travel on a private
-// channel: sandboxed code can listen to and post on the worker's own one, but never holds this
-// port, so it can neither see a request nor forge an answer. One request at a time.
-let control: MessagePort | null = null;
-let asked: ((answer: ControlAnswer) => void) | null = null;
+const sandboxes = new Map<number, Sandbox>();
+// Sandboxes asked for while the first worker compiles: started once it hands its module over (or
+// fails), so no two compile it.
+const waiting = new Map<number, InitMessage>();
 
-function ask(message: ControlRequest, answer: (answer: ControlAnswer) => void, transfer: ArrayBuffer[] = []): void {
-  asked = answer;
-  control?.postMessage(message, transfer);
+function moduleSettled(): void {
+  for (const [number, init] of waiting) sandboxes.set(number, new Sandbox(number, init));
+  waiting.clear();
 }
 
-// A checkpoint file's place: a bare name in the host's checkpoint folder, nowhere else.
-function checkpointPath(file: string): string | null {
-  const folder = init?.checkpoint_dir;
-  return folder && /^[A-Za-z0-9._-]+$/.test(file) && !file.startsWith(".") ? `${folder}/${file}` : null;
-}
-
-function wakeWorker(state: number): void {
-  pendingSyncCall = null;
-  Atomics.store(syncState, SYNC_STATE, state);
-  Atomics.notify(syncState, SYNC_STATE);
-}
-
-function answerSyncCall(reply: string): void {
-  let bytes = encoder.encode(reply);
-  if (bytes.length > SYNC_REPLY_MAX_BYTES) {
-    const error = `the tool's reply is over ${MAX_TOOL_REPLY_CHARS} characters`;
-    bytes = encoder.encode(JSON.stringify({ ok: false, error }));
-  }
-  if (bytes.length > syncData.byteLength) syncData.grow(bytes.length);
-  new Uint8Array(syncData).set(bytes);
-  syncState[SYNC_LENGTH] = bytes.length;
-  wakeWorker(SYNC_REPLY_READY);
-}
-
-function sendMessage(message: RunnerMessage): void {
-  send(JSON.stringify(message));
-}
-
-function send(payload: string): void {
-  // Payloads from the worker are already JSON; wrapping avoids a parse and re-encode.
-  const line = `{"token":${JSON.stringify(token)},"msg":${payload}}\n`;
+function send(sandbox: number, payload: string): void {
+  // Payloads from a worker are already JSON; wrapping avoids a parse and re-encode.
+  const line = `{"token":${JSON.stringify(token)},"msg":${payload},"sandbox":${sandbox}}\n`;
   const bytes = encoder.encode(line);
   let written = 0;
   while (written < bytes.length) written += Deno.stdout.writeSync(bytes.subarray(written));
 }
 
-let worker: Worker | null = null;
-
-// A worker that ended during a run (a crash, os._exit, a kill) leaves the process as it was: a new
-// worker takes its place, from the compiled module; the host hears of the crash, `renewed`, then
-// of the new worker's `ready`. Ended between runs, or with no module to start from, it is the end.
-function renew(crash: CrashedMessage): void {
-  // Whatever of the old worker still runs stops at its next signal check, and hears nothing more.
-  stopRun(true);
-  control?.close();
-  worker?.terminate();
-  worker = null;
-  runningId = null;
-  pendingSyncCall = null;
-  asked = null;
-  if (compiled === null || init === null) gone(crash);
-  newSharedMemory();
-  sentData.clear(); // the new worker's data/ is empty
-  sendMessage({ ...crash, renewed: true });
-  renewing = true;
-  worker = startWorker(init!);
+// A checkpoint file's place: a bare name in the sandbox's checkpoint folder, nowhere else.
+function checkpointPath(folder: string | undefined, file: string): string | null {
+  return folder && /^[A-Za-z0-9._-]+$/.test(file) && !file.startsWith(".") ? `${folder}/${file}` : null;
 }
 
-function newSharedMemory(): void {
-  signals = new Int32Array(new SharedArrayBuffer(8));
-  syncState = new Int32Array(new SharedArrayBuffer(8));
-  syncData = new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
-}
-
-// KeyboardInterrupt in the running program, which a sleeping one wakes for; `kill` sets the kill
-// flag too.
-function stopRun(kill: boolean): void {
-  if (kill) Atomics.store(signals, SIGNAL_KILL, 1);
-  Atomics.store(signals, SIGNAL_INTERRUPT, INTERRUPT_SIGNAL);
-  Atomics.notify(signals, SIGNAL_INTERRUPT);
-  if (pendingSyncCall !== null) wakeWorker(SYNC_INTERRUPTED);
-}
-
-function gone(last: RunnerMessage | null): never {
-  if (last) sendMessage(last);
-  Deno.exit(EXIT_SANDBOX_GONE);
-}
-
-function crashOf(json: string): CrashedMessage {
+function crashOf(json: string, runningId: number | null): CrashedMessage {
   try {
     const message = JSON.parse(json) as RunnerMessage;
     if (message.type === "crashed") return message;
@@ -149,12 +76,10 @@ function crashOf(json: string): CrashedMessage {
   return { type: "crashed", id: runningId, message: "the sandbox's worker ended" };
 }
 
-// data/: this thread copies the host's data folder into the worker (regular files only, never
+// data/: this thread copies the host's data folder into a worker (regular files only, never
 // links, so nothing outside the folder is read), when a sandbox starts and when a file changes.
-// The worker itself has no permission to read the folder.
-const sentData = new Map<string, string>();
-
-function dataChanges(root: string): Omit<WorkerData, "type"> {
+// The worker itself has no permission to read the folder. `sent`: what this worker has, by path.
+function dataChanges(root: string, sent: Map<string, string>): Omit<WorkerData, "type"> {
   const files: WorkerData["files"] = [];
   const seen = new Set<string>();
   const walk = (folder: string, relative: string): void => {
@@ -165,55 +90,205 @@ function dataChanges(root: string): Omit<WorkerData, "type"> {
       const info = Deno.lstatSync(`${folder}/${entry.name}`);
       const stamp = `${info.size}:${info.mtime?.getTime()}`;
       seen.add(path);
-      if (sentData.get(path) === stamp) continue;
+      if (sent.get(path) === stamp) continue;
       files.push({ path, bytes: Deno.readFileSync(`${folder}/${entry.name}`) });
-      sentData.set(path, stamp);
+      sent.set(path, stamp);
     }
   };
   walk(root, "");
-  const removed = [...sentData.keys()].filter((path) => !seen.has(path));
-  for (const path of removed) sentData.delete(path);
+  const removed = [...sent.keys()].filter((path) => !seen.has(path));
+  for (const path of removed) sent.delete(path);
   return { files, removed };
 }
 
-function sendData(target: Worker, root: string | undefined): void {
-  if (!root) return;
-  try {
-    const { files, removed } = dataChanges(root);
-    if (files.length || removed.length) {
-      const message: WorkerData = { type: "data", files, removed };
-      target.postMessage(message, files.map((file) => file.bytes.buffer as ArrayBuffer));
-    }
-  } catch (error) {
-    sendMessage({ type: "progress", line: `data/ could not be refreshed: ${error}` });
+// One sandbox: its worker, the memory it shares with it, its private control port, its run.
+class Sandbox {
+  private worker: Worker | null = null;
+  private runningId: number | null = null;
+  // Shared with the worker (the layout is in protocol.py), and new for each worker. `signals`:
+  // Pyodide polls its first word, where INTERRUPT_SIGNAL raises KeyboardInterrupt; the second is
+  // the kill flag. A blocking tool call: the worker sleeps in Atomics.wait until this thread
+  // writes the reply into syncData and wakes it.
+  private signals = new Int32Array(new SharedArrayBuffer(8));
+  private syncState = new Int32Array(new SharedArrayBuffer(8));
+  private syncData = Sandbox.syncBuffer();
+  private pendingSyncCall: number | null = null;
+  // A replacement worker is starting: its `fatal` ends this sandbox.
+  private renewing = false;
+  // Requests between runs (recycle, checkpoint, restore) and their answers travel on a private
+  // channel: sandboxed code can listen to and post on the worker's own one, but never holds this
+  // port, so it can neither see a request nor forge an answer. One request at a time.
+  private control: MessagePort | null = null;
+  private asked: ((answer: ControlAnswer) => void) | null = null;
+  private readonly sentData = new Map<string, string>();
+
+  constructor(readonly number: number, private readonly init: InitMessage) {
+    this.worker = this.startWorker();
   }
-}
 
-let init: InitMessage | null = null;
+  private static syncBuffer(): SharedArrayBuffer {
+    return new SharedArrayBuffer(SYNC_DATA_INITIAL_BYTES, { maxByteLength: SYNC_REPLY_MAX_BYTES });
+  }
 
-function startWorker(message: InitMessage): Worker {
-  // The worker runs sandboxed code: it gets less than this thread, only what loading Pyodide
-  // and its packages needs, and the network hosts the operator allowed.
-  const read = [new URL(".", import.meta.url).pathname, message.pyodide_dir!];
-  if (message.packages_dir) read.push(message.packages_dir);
-  if (message.snapshot) read.push(message.snapshot);
-  const permissions = {
-    read,
-    net: message.allow_net ? message.allow_net.split(",") : false,
-    env: false,
-    run: false,
-    write: false,
-    ffi: false,
-    sys: false,
-    import: false,
-  } as const;
-  const started = new Worker(new URL("./worker.ts", import.meta.url), {
-    type: "module",
-    deno: { permissions },
-  } as WorkerOptions);
-  started.onmessage = (event: MessageEvent<WorkerPost>) => {
-    if (started !== worker) return; // a replaced worker's last words
-    const { id, json, exiting, syncCall } = event.data;
+  private sendMessage(message: RunnerMessage): void {
+    send(this.number, JSON.stringify(message));
+  }
+
+  private ask(message: ControlRequest, answer: (answer: ControlAnswer) => void, transfer: ArrayBuffer[] = []): void {
+    this.asked = answer;
+    this.control?.postMessage(message, transfer);
+  }
+
+  private wakeWorker(state: number): void {
+    this.pendingSyncCall = null;
+    Atomics.store(this.syncState, SYNC_STATE, state);
+    Atomics.notify(this.syncState, SYNC_STATE);
+  }
+
+  private answerSyncCall(reply: string): void {
+    let bytes = encoder.encode(reply);
+    if (bytes.length > SYNC_REPLY_MAX_BYTES) {
+      const error = `the tool's reply is over ${MAX_TOOL_REPLY_CHARS} characters`;
+      bytes = encoder.encode(JSON.stringify({ ok: false, error }));
+    }
+    if (bytes.length > this.syncData.byteLength) this.syncData.grow(bytes.length);
+    new Uint8Array(this.syncData).set(bytes);
+    this.syncState[SYNC_LENGTH] = bytes.length;
+    this.wakeWorker(SYNC_REPLY_READY);
+  }
+
+  // KeyboardInterrupt in the running program, which a sleeping one wakes for; `kill` sets the kill
+  // flag too.
+  private stopRun(kill: boolean): void {
+    if (kill) Atomics.store(this.signals, SIGNAL_KILL, 1);
+    Atomics.store(this.signals, SIGNAL_INTERRUPT, INTERRUPT_SIGNAL);
+    Atomics.notify(this.signals, SIGNAL_INTERRUPT);
+    if (this.pendingSyncCall !== null) this.wakeWorker(SYNC_INTERRUPTED);
+  }
+
+  // The worker stops, and whatever of it still runs hears nothing more.
+  private endWorker(): void {
+    this.stopRun(true);
+    this.control?.close();
+    this.worker?.terminate();
+    this.worker = null;
+    this.control = null;
+    this.runningId = null;
+    this.pendingSyncCall = null;
+    this.asked = null;
+  }
+
+  // The sandbox is gone for good: its last words, then `ended`. The process and its other
+  // sandboxes go on.
+  private gone(last: RunnerMessage | string | null, why: string): void {
+    if (typeof last === "string") send(this.number, last);
+    else if (last) this.sendMessage(last);
+    this.close();
+    this.sendMessage({ type: "ended", message: why });
+  }
+
+  close(): void {
+    this.endWorker();
+    sandboxes.delete(this.number);
+    if (compiled === null) moduleSettled(); // the first worker failed: the next compiles its own
+  }
+
+  // A worker that ended during a run (a crash, os._exit, a kill) leaves the sandbox as it was: a
+  // new worker takes its place, from the compiled module; the host hears of the crash, `renewed`,
+  // then of the new worker's `ready`. Ended between runs, or with no module to start from, it is
+  // the end of this sandbox.
+  private renew(crash: CrashedMessage): void {
+    this.endWorker();
+    if (compiled === null) return this.gone(crash, crash.message);
+    this.signals = new Int32Array(new SharedArrayBuffer(8));
+    this.syncState = new Int32Array(new SharedArrayBuffer(8));
+    this.syncData = Sandbox.syncBuffer();
+    this.sentData.clear(); // the new worker's data/ is empty
+    this.sendMessage({ ...crash, renewed: true });
+    this.renewing = true;
+    this.worker = this.startWorker();
+  }
+
+  private sendData(target: Worker): void {
+    const root = this.init.data_dir;
+    if (!root) return;
+    try {
+      const { files, removed } = dataChanges(root, this.sentData);
+      if (files.length || removed.length) {
+        const message: WorkerData = { type: "data", files, removed };
+        target.postMessage(message, files.map((file) => file.bytes.buffer as ArrayBuffer));
+      }
+    } catch (error) {
+      this.sendMessage({ type: "progress", line: `data/ could not be refreshed: ${error}` });
+    }
+  }
+
+  private startWorker(): Worker {
+    const message = this.init;
+    // The worker runs sandboxed code: it gets less than this thread, only what loading Pyodide
+    // and its packages needs, and the network hosts the operator allowed.
+    const read = [new URL(".", import.meta.url).pathname, message.pyodide_dir!];
+    if (message.packages_dir) read.push(message.packages_dir);
+    if (message.snapshot) read.push(message.snapshot);
+    const permissions = {
+      read,
+      net: message.allow_net ? message.allow_net.split(",") : false,
+      env: false,
+      run: false,
+      write: false,
+      ffi: false,
+      sys: false,
+      import: false,
+    } as const;
+    const started = new Worker(new URL("./worker.ts", import.meta.url), {
+      type: "module",
+      deno: { permissions },
+    } as WorkerOptions);
+    started.onmessage = (event: MessageEvent<WorkerPost>) => {
+      if (started === this.worker) this.fromWorker(event.data);
+    };
+    started.onerror = (event: ErrorEvent) => {
+      event.preventDefault();
+      if (started !== this.worker) return; // a replaced worker's last words
+      const message = `worker error: ${event.message}`;
+      if (this.runningId !== null) this.renew({ type: "crashed", id: this.runningId, message });
+      else this.gone({ type: "fatal", message }, message);
+    };
+    const channel = new MessageChannel();
+    const port = channel.port1;
+    this.control = port;
+    port.onmessage = (event: MessageEvent<ControlAnswer | WorkerModule>) => {
+      if (port !== this.control) return; // a replaced worker's port
+      if ("module" in event.data) {
+        compiled ??= event.data.module;
+        moduleSettled();
+        return;
+      }
+      const answer = this.asked;
+      this.asked = null;
+      answer?.(event.data);
+    };
+    const init: WorkerInit = {
+      type: "init",
+      guest_modules: message.guest_modules,
+      limits: message.limits,
+      signals: this.signals,
+      syncState: this.syncState,
+      syncData: this.syncData,
+      control: channel.port2,
+      ...(compiled ? { module: compiled } : {}),
+      ...(message.memory_max_bytes ? { memoryMaxBytes: message.memory_max_bytes } : {}),
+      ...(message.packages_dir ? { packagesDir: message.packages_dir } : {}),
+      ...(message.snapshot ? { snapshot: message.snapshot } : {}),
+      ...(message.preload ? { preload: message.preload } : {}),
+    };
+    started.postMessage(init, [channel.port2]);
+    this.sendData(started);
+    return started;
+  }
+
+  private fromWorker({ id, json, exiting, syncCall }: WorkerPost): void {
+    const ended = "the sandbox's worker ended between runs";
     if (id === null) {
       // Sandboxed code can post too: between results only these kinds pass, never a result.
       let kind: unknown;
@@ -222,163 +297,138 @@ function startWorker(message: InitMessage): Worker {
       } catch {
         kind = undefined;
       }
-      if (renewing && (kind === "ready" || kind === "fatal")) {
-        renewing = false;
-        if (kind === "fatal") {
-          send(json);
-          gone(null);
-        }
+      if (this.renewing && (kind === "ready" || kind === "fatal")) {
+        this.renewing = false;
+        if (kind === "fatal") return this.gone(json, "its replacement worker failed to start");
       }
       if (!PASSING.has(kind as string)) {
-        if (exiting) gone(null);
+        if (exiting) this.gone(null, ended);
         return;
       }
       if (syncCall !== undefined) {
         // The interrupt came between the worker's post and now: wake it instead of calling.
-        if (Atomics.load(signals, SIGNAL_INTERRUPT) !== 0) {
-          wakeWorker(SYNC_INTERRUPTED);
+        if (Atomics.load(this.signals, SIGNAL_INTERRUPT) !== 0) {
+          this.wakeWorker(SYNC_INTERRUPTED);
           return;
         }
-        pendingSyncCall = syncCall;
+        this.pendingSyncCall = syncCall;
       }
-    } else if (id === runningId) {
-      if (exiting) return renew(crashOf(json));
-      runningId = null;
-      Atomics.store(signals, SIGNAL_KILL, 0); // a kill that came after the result is for nobody
+    } else if (id === this.runningId) {
+      if (exiting) return this.renew(crashOf(json, this.runningId));
+      this.runningId = null;
+      Atomics.store(this.signals, SIGNAL_KILL, 0); // a kill that came after the result is for nobody
     } else {
-      if (exiting) gone(null);
+      if (exiting) this.gone(null, ended);
       return; // a result for a run that is not running is forged or stale
     }
-    send(json);
     // A worker that exited between runs is gone for good, and so is this sandbox.
-    if (exiting) gone(null);
-  };
-  started.onerror = (event: ErrorEvent) => {
-    event.preventDefault();
-    if (started !== worker) return;
-    const message = `worker error: ${event.message}`;
-    if (runningId !== null) renew({ type: "crashed", id: runningId, message });
-    else gone({ type: "fatal", message });
-  };
-  const channel = new MessageChannel();
-  const port = channel.port1;
-  control = port;
-  control.onmessage = (event: MessageEvent<ControlAnswer | WorkerModule>) => {
-    if (port !== control) return; // a replaced worker's port
-    if ("module" in event.data) {
-      compiled ??= event.data.module;
+    if (exiting) return this.gone(json, ended);
+    send(this.number, json);
+  }
+
+  private toWorker(message: WorkerMessage): void {
+    this.worker?.postMessage(message);
+  }
+
+  handle(message: HostMessage): void {
+    switch (message.type) {
+      case "run":
+        this.runningId = message.id;
+        // Cleared here, in order with `interrupt`: the worker may start the run only after its
+        // interrupt has arrived (behind a data sync or a warm-up round), and must still see it.
+        Atomics.store(this.signals, SIGNAL_INTERRUPT, 0);
+        Atomics.store(this.signals, SIGNAL_KILL, 0);
+        if (this.worker) this.sendData(this.worker);
+        this.toWorker(message);
+        break;
+      case "jit_warm_up":
+        this.toWorker(message);
+        break;
+      case "recycle":
+        this.runningId = null;
+        this.pendingSyncCall = null;
+        Atomics.store(this.signals, SIGNAL_INTERRUPT, 0);
+        this.ask({ type: "recycle", id: message.id }, ({ json }) => {
+          const { dataLost, ...answer } = JSON.parse(json) as WorkerRecycled;
+          if (dataLost) this.sentData.clear(); // the worker emptied data/: the next run sends all of it
+          this.sendMessage(answer);
+        });
+        break;
+      case "checkpoint":
+        this.checkpoint(message.id, message.file);
+        break;
+      case "restore":
+        this.restore(message.id, message.file);
+        break;
+      case "interrupt":
+        // Only the run the host means: a late interrupt must not hit the next program.
+        if (this.runningId === message.id) this.stopRun(false);
+        break;
+      case "kill":
+        // The program ignored its interrupt: the worker throws at its next signal check, or, parked
+        // in an await, ends the run when the kill reaches its event loop.
+        if (this.runningId === message.id) {
+          this.stopRun(true);
+          this.control?.postMessage({ type: "kill", id: message.id });
+        }
+        break;
+      case "tool_result":
+        if (message.call === this.pendingSyncCall) this.answerSyncCall(message.reply);
+        else this.toWorker(message);
+        break;
+      case "close":
+        this.close();
+        break;
+    }
+  }
+
+  private checkpoint(id: number, file: string): void {
+    const path = checkpointPath(this.init.checkpoint_dir, file);
+    const refuse = (reason: string) =>
+      this.sendMessage({ type: "checkpointed", id, saved: false, reason, lost: [], bytes: 0, ms: 0 });
+    if (path === null) return refuse("the host named no valid checkpoint file");
+    this.ask({ type: "checkpoint", id }, ({ json, blob }) => {
+      const answer = JSON.parse(json) as CheckpointedMessage;
+      if (answer.saved) {
+        try {
+          Deno.writeFileSync(path, blob!, { mode: 0o600 });
+        } catch (error) {
+          refuse(`the checkpoint could not be written: ${error}`);
+          return;
+        }
+      }
+      this.sendMessage(answer);
+    });
+  }
+
+  private restore(id: number, file: string): void {
+    const path = checkpointPath(this.init.checkpoint_dir, file);
+    let blob: Uint8Array;
+    try {
+      if (path === null) throw new Error("the host named no valid checkpoint file");
+      blob = Deno.readFileSync(path);
+      Deno.removeSync(path);
+    } catch (error) {
+      this.sendMessage({ type: "restored", id, restored: false, reason: String(error), ms: 0 });
       return;
     }
-    const answer = asked;
-    asked = null;
-    answer?.(event.data);
-  };
-  const init: WorkerInit = {
-    type: "init",
-    guest_modules: message.guest_modules,
-    limits: message.limits,
-    signals,
-    syncState,
-    syncData,
-    control: channel.port2,
-    ...(compiled ? { module: compiled } : {}),
-    ...(message.memory_max_bytes ? { memoryMaxBytes: message.memory_max_bytes } : {}),
-    ...(message.packages_dir ? { packagesDir: message.packages_dir } : {}),
-    ...(message.snapshot ? { snapshot: message.snapshot } : {}),
-    ...(message.preload ? { preload: message.preload } : {}),
-  };
-  started.postMessage(init, [channel.port2]);
-  sendData(started, message.data_dir);
-  return started;
-}
-
-function toWorker(message: WorkerMessage): void {
-  worker?.postMessage(message);
-}
-
-function handle(message: HostMessage): void {
-  switch (message.type) {
-    case "init":
-      token = message.token;
-      init = message;
-      worker ??= startWorker(message);
-      break;
-    case "run":
-      runningId = message.id;
-      // Cleared here, in order with `interrupt`: the worker may start the run only after its
-      // interrupt has arrived (behind a data sync or a warm-up round), and must still see it.
-      Atomics.store(signals, SIGNAL_INTERRUPT, 0);
-      Atomics.store(signals, SIGNAL_KILL, 0);
-      if (worker) sendData(worker, init?.data_dir);
-      toWorker(message);
-      break;
-    case "jit_warm_up":
-      toWorker(message);
-      break;
-    case "recycle":
-      runningId = null;
-      pendingSyncCall = null;
-      Atomics.store(signals, SIGNAL_INTERRUPT, 0);
-      ask({ type: "recycle", id: message.id }, ({ json }) => {
-        const { dataLost, ...answer } = JSON.parse(json) as WorkerRecycled;
-        if (dataLost) sentData.clear(); // the worker emptied data/: the next run sends all of it
-        sendMessage(answer);
-      });
-      break;
-    case "checkpoint": {
-      const path = checkpointPath(message.file);
-      const refuse = (reason: string) =>
-        sendMessage({ type: "checkpointed", id: message.id, saved: false, reason, lost: [], bytes: 0, ms: 0 });
-      if (path === null) {
-        refuse("the host named no valid checkpoint file");
-        break;
-      }
-      ask({ type: "checkpoint", id: message.id }, ({ json, blob }) => {
-        const answer = JSON.parse(json) as CheckpointedMessage;
-        if (answer.saved) {
-          try {
-            Deno.writeFileSync(path, blob!, { mode: 0o600 });
-          } catch (error) {
-            refuse(`the checkpoint could not be written: ${error}`);
-            return;
-          }
-        }
-        sendMessage(answer);
-      });
-      break;
-    }
-    case "restore": {
-      const path = checkpointPath(message.file);
-      let blob: Uint8Array;
-      try {
-        if (path === null) throw new Error("the host named no valid checkpoint file");
-        blob = Deno.readFileSync(path);
-        Deno.removeSync(path);
-      } catch (error) {
-        sendMessage({ type: "restored", id: message.id, restored: false, reason: String(error), ms: 0 });
-        break;
-      }
-      const restore: WorkerRestore = { type: "restore", id: message.id, blob };
-      ask(restore, ({ json }) => sendMessage(JSON.parse(json) as RestoredMessage), [blob.buffer as ArrayBuffer]);
-      break;
-    }
-    case "interrupt":
-      // Only the run the host means: a late interrupt must not hit the next program.
-      if (runningId === message.id) stopRun(false);
-      break;
-    case "kill":
-      // The program ignored its interrupt: the worker throws at its next signal check, or, parked
-      // in an await, ends the run when the kill reaches its event loop.
-      if (runningId === message.id) {
-        stopRun(true);
-        control?.postMessage({ type: "kill", id: message.id });
-      }
-      break;
-    case "tool_result":
-      if (message.call === pendingSyncCall) answerSyncCall(message.reply);
-      else toWorker(message);
-      break;
+    const restore: WorkerRestore = { type: "restore", id, blob };
+    this.ask(restore, ({ json }) => this.sendMessage(JSON.parse(json) as RestoredMessage), [
+      blob.buffer as ArrayBuffer,
+    ]);
   }
+}
+
+function handle({ sandbox, msg }: HostEnvelope): void {
+  if (msg.type === "init") {
+    token ??= msg.token;
+    if (sandboxes.has(sandbox) || waiting.has(sandbox)) return;
+    if (compiled === null && sandboxes.size > 0) waiting.set(sandbox, msg);
+    else sandboxes.set(sandbox, new Sandbox(sandbox, msg));
+    return;
+  }
+  if (msg.type === "close") waiting.delete(sandbox);
+  sandboxes.get(sandbox)?.handle(msg); // a closed sandbox's late messages are for nobody
 }
 
 const decoder = new TextDecoder();
@@ -389,8 +439,8 @@ for await (const chunk of Deno.stdin.readable) {
   while ((newline = pending.indexOf("\n")) >= 0) {
     const line = pending.slice(0, newline);
     pending = pending.slice(newline + 1);
-    if (line.trim()) handle(JSON.parse(line) as HostMessage);
+    if (line.trim()) handle(JSON.parse(line) as HostEnvelope);
   }
 }
-// The host closed stdin: it is done with this sandbox.
+// The host closed stdin: it is done with these sandboxes.
 Deno.exit(0);

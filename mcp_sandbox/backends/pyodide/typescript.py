@@ -36,7 +36,6 @@ CONSTANTS = (
     "INTERRUPT_SIGNAL",
     "SIGNAL_INTERRUPT",
     "SIGNAL_KILL",
-    "EXIT_SANDBOX_GONE",
     "JIT_WARM_UP_IDLE_MS",
     "JIT_WARM_UP_ROUNDS_AT_START",
     "GUEST_RUNTIME_MODULE",
@@ -62,11 +61,14 @@ TYPES = (
     "RecycleMessage",
     "CheckpointMessage",
     "RestoreMessage",
+    "CloseMessage",
     "HostMessage",
+    "HostEnvelope",
     "ReadyMessage",
     "ResultMessage",
     "CrashedMessage",
     "FatalMessage",
+    "EndedMessage",
     "ProgressMessage",
     "ToolCallMessage",
     "DescribeMessage",
@@ -101,6 +103,9 @@ _SCALARS[type(None)] = "null"
 
 def _ts(annotation: Any) -> str:
     """The TypeScript type of one annotation."""
+    for name in TYPES:  # a union the file declares is named, not spelled out again
+        if get_origin(annotation) in (Union, types.UnionType) and annotation == getattr(protocol, name):
+            return name
     if annotation in _JS_TYPES:
         return _JS_TYPES[annotation]
     if annotation in _SCALARS:

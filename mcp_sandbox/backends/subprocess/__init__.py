@@ -34,7 +34,7 @@ from mcp_sandbox.backends.base import (
     SandboxStartError,
     prepare_workspace,
 )
-from mcp_sandbox.backends.process import ProcessExecutor, init_message, start_process_executor
+from mcp_sandbox.backends.process import ProcessExecutor, init_message, solo_link, start_process_executor
 from mcp_sandbox.backends.subprocess.isolation import (
     SANDBOX_HOME,
     SANDBOX_RUNTIME,
@@ -221,7 +221,7 @@ class SubprocessBackend(HostPythonBackend):
         await executor.close()
         return None if result.success else f"a trial worker failed: {result.error}"
 
-    async def start(self) -> Executor:
+    async def start(self, principal: str | None = None) -> Executor:
         iso = self.isolation
         workdir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-"))
         uid = iso.uids.take() if iso.uids is not None else None
@@ -273,7 +273,7 @@ class SubprocessBackend(HostPythonBackend):
             process, self._limits, self._hooks, init, workdir, uid=uid, uids=iso.uids
         )
         try:
-            await start_process_executor(executor, self._task_group, settings.start_timeout)
+            await start_process_executor(executor, executor.pipe, self._task_group, settings.start_timeout)
         finally:
             if info_read >= 0:
                 executor.signal_pid = _sandbox_worker_pid(info_read) or executor.pid
@@ -430,7 +430,9 @@ class SubprocessExecutor(ProcessExecutor):
     ) -> None:
         """`uid`: the uid this worker runs under, given back to `uids` when it closes (None: its
         tier runs workers under the server's own uid)."""
-        super().__init__(process, limits, hooks, init, WorkerCheckpoints(workdir / CHECKPOINT_FOLDER, uid))
+        link, self.pipe = solo_link(process, init["token"], limits)
+        super().__init__(link, limits, hooks, init, WorkerCheckpoints(workdir / CHECKPOINT_FOLDER, uid))
+        self._process = process
         #: The sandbox's working directory on the host (its HOME).
         self.workdir = workdir
         #: Where a timeout's SIGINT goes: the worker itself (inside bubblewrap, not bwrap).
