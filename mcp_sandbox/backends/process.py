@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -132,7 +133,10 @@ def solo_link(
 
 
 def start_reading(
-    pipe: RunnerPipe, watch: ProcessWatch, task_group: anyio.abc.TaskGroup, memory_limit: int | None = None
+    pipe: RunnerPipe,
+    watch: ProcessWatch,
+    task_group: anyio.abc.TaskGroup,
+    memory_limit: int | Callable[[], int] | None = None,
 ) -> None:
     """Read a runner process's stdout and stderr (and watch its memory, given a limit in bytes)."""
     task_group.start_soon(pipe.pump)

@@ -8,6 +8,7 @@ import functools
 import os
 import signal
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -100,15 +101,17 @@ class ProcessWatch:
         """Wait until the process has ended."""
         await self._process.wait()
 
-    async def watch_memory(self, limit: int) -> None:
-        """Kill the sandbox when its resident memory passes `limit` bytes: the host-side cap for
-        a runtime (Pyodide) whose WebAssembly memory no in-process limit bounds."""
+    async def watch_memory(self, limit: int | Callable[[], int]) -> None:
+        """Kill the sandbox when its resident memory passes `limit` bytes (or what `limit()` says
+        at each look): the host-side cap for a runtime (Pyodide) whose JavaScript buffers no
+        in-process limit bounds."""
         while self._process.returncode is None and not self.closed:
             used = resident_bytes(self._process.pid)
-            if used is not None and used > limit:
+            bound = limit() if callable(limit) else limit
+            if used is not None and used > bound:
                 self._over_memory = True
                 self.fail(
-                    f"the sandbox used {used // MB} MB of memory, over its limit of {limit // MB} MB "
+                    f"the sandbox used {used // MB} MB of memory, over its limit of {bound // MB} MB "
                     "(MCP_SANDBOX_MEMORY_MB); it was stopped"
                 )
                 return

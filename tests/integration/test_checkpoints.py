@@ -291,6 +291,8 @@ async def test_an_idle_session_hibernates_and_comes_back_as_it_was(tmp_path: Pat
         "MCP_SANDBOX_BACKEND": backend,
         "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"),
         "MCP_SANDBOX_HIBERNATE_AFTER": "1",
+        # A process per sandbox, so the processes counted are the sandboxes.
+        "MCP_SANDBOX_SANDBOXES_PER_PROCESS": "1",
     }
     async with (
         http_server(**env) as (port, process),
@@ -314,6 +316,8 @@ async def test_a_session_that_cannot_be_saved_whole_is_not_hibernated(tmp_path: 
         "MCP_SANDBOX_BACKEND": backend,
         "MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"),
         "MCP_SANDBOX_HIBERNATE_AFTER": "1",
+        # A process per sandbox, so the processes counted are the sandboxes.
+        "MCP_SANDBOX_SANDBOXES_PER_PROCESS": "1",
     }
     # Pyodide cannot carry a JavaScript object, a pickle cannot carry a generator.
     held = (

@@ -51,13 +51,17 @@ async def client(
         MCP_SANDBOX_BRIDGE_CONFIG=str(config),
         MCP_SANDBOX_STATE_DIR=str(state_dir),
         MCP_SANDBOX_MAX_SESSIONS="64",
+        # A process per sandbox: these faults are told apart by the process they cost
+        # (test_cohosting.py has them in a shared one).
+        MCP_SANDBOX_SANDBOXES_PER_PROCESS="1",
     )
     async with Client(params) as connected:
         yield connected
 
 
 def sandbox_processes() -> set[int]:
-    """The Deno runners under the servers this test process started: one per sandbox."""
+    """The Deno runners under the servers this test process started: one per sandbox (with
+    MCP_SANDBOX_SANDBOXES_PER_PROCESS=1)."""
     return {pid for pid, command in process_tree(os.getpid()).items() if b"runner.ts" in command}
 
 
@@ -121,6 +125,7 @@ async def test_sleeping_uses_no_cpu() -> None:
         MCP_SANDBOX_POOL_SIZE="1",
         MCP_SANDBOX_PYODIDE_WARM_UP_ROUNDS="0",
         MCP_SANDBOX_CHECKPOINTS="false",
+        MCP_SANDBOX_SANDBOXES_PER_PROCESS="1",
     )
     others = sandbox_processes()
     async with Client(params) as client:

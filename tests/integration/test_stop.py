@@ -40,7 +40,13 @@ async def sandboxes_settled(server: int, count: int) -> dict[int, bytes]:
 async def test_a_cancelled_call_keeps_the_session_and_its_sandbox(backend: str) -> None:
     marker = f"MCP_SANDBOX_TEST_MARKER={uuid.uuid4().hex}"
     name, value = marker.split("=")
-    params = server_params(MCP_SANDBOX_BACKEND=backend, MCP_SANDBOX_POOL_SIZE="1", **{name: value})
+    # A process per sandbox, so the processes counted are the sandboxes.
+    params = server_params(
+        MCP_SANDBOX_BACKEND=backend,
+        MCP_SANDBOX_POOL_SIZE="1",
+        MCP_SANDBOX_SANDBOXES_PER_PROCESS="1",
+        **{name: value},
+    )
     async with Client(params) as client:
         assert (await call(client, "x = 41", session_id="s"))["success"] is True
         server = pid_with_environ(marker)

@@ -274,14 +274,15 @@ ATTACKS: list[Attack] = [
         program("""
             import js
             js.eval('globalThis.hog = [];'
-                    ' for (let i = 0; i < 500; i++) hog.push(new Float64Array(1e6).fill(1))')
+                    ' for (let i = 0; i < 1000; i++) hog.push(new Float64Array(1e6).fill(1))')
         """),
         canary_intact,
         pyodide_only(MEMORY),
         session="memory",
-        # Filling arrays until the memory watchdog fires takes about 4.5 s alone: past the 5 s
-        # default on a loaded machine, where it timed out in a full run instead.
-        timeout=30,
+        # Filling arrays until the memory watchdog fires (past 1.3 GB for each sandbox its process
+        # hosts: these buffers live outside V8's heap) takes seconds: past the 5 s default on a
+        # loaded machine, where it timed out in a full run instead.
+        timeout=60,
     ),
     Attack(
         "raise_rlimit_then_allocate",

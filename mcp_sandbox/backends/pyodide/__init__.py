@@ -371,7 +371,7 @@ class PyodideBackend(Backend):
             max_line=max_line(self._limits),
             principals=settings.many_principals,
         )
-        start_reading(host.pipe, host.watch, self._task_group, watchdog_limit(settings))
+        start_reading(host.pipe, host.watch, self._task_group, lambda: watchdog_limit(settings, host.hosted))
         self._task_group.start_soon(self._said_when_gone, host)
         self._processes.append(host)
         return host
@@ -429,12 +429,13 @@ class PyodideBackend(Backend):
 PROCESS_MB = 256
 
 
-def watchdog_limit(settings: Settings) -> int:
-    """Bytes of resident memory past which the watchdog kills a Pyodide process: each of its
-    sandboxes' WebAssembly memory (capped at `memory_mb`, past which Python gets MemoryError) and
-    JavaScript heap (capped at `memory_mb` by V8) full, and the process's own share. A last
-    resort, for growth neither cap sees."""
-    return (2 * settings.memory_mb * settings.sandboxes_per_process + PROCESS_MB) * MB
+def watchdog_limit(settings: Settings, hosted: int) -> int:
+    """Bytes of resident memory past which the watchdog kills a Pyodide process hosting `hosted`
+    sandboxes: each one's WebAssembly memory (capped at `memory_mb`, past which Python gets
+    MemoryError) and JavaScript heap (capped at `memory_mb` by V8) full, and the process's own
+    share. A last resort, for growth neither cap sees (JavaScript buffers live outside V8's heap):
+    it costs every sandbox of the process its live state."""
+    return (2 * settings.memory_mb * max(1, hosted) + PROCESS_MB) * MB
 
 
 class PyodideExecutor(ProcessExecutor):
