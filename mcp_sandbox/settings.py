@@ -93,8 +93,10 @@ class Settings(BaseSettings):
         le=64,
         description="pyodide: sandboxes one Deno process hosts, each a worker of its own, all of one "
         "principal. A new sandbox in a running process starts in a fraction of a new process's time and "
-        "shares its compiled code; a process-wide failure (a V8 heap out of memory) costs all of them "
-        "their live state (each session comes back from its checkpoint, saying so). 1: a process each.",
+        "shares its compiled code; a process-wide failure (a V8 heap out of memory, or one of them ending "
+        "it) costs all of them their live state (each session comes back from its checkpoint, saying so). "
+        "Any of them can read the host's messages to the others, their code and tool replies "
+        "(docs/security.md, co-hosted sandboxes). 1: a process each.",
     )
     allow_net: str | None = Field(
         None,
