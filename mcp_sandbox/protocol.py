@@ -6,8 +6,9 @@ constants are generated from it (`backends/pyodide/protocol.ts`, checked by the 
 
 Host <-> runner. One JSON object per line: host -> runner on the runner's stdin, runner -> host
 on its stdout. Every runner line is an envelope ``{"token": <str>, "msg": <RunnerMessage>}``
-(``envelope_prefix``); the token is a random secret the host sends in ``init``. In the Deno
-runner only the main thread knows it, and sandboxed code never runs there, so a line the
+(``envelope_prefix``); the token is a random secret the host sends in ``init`` (to the Deno
+runner, in its environment instead, ``RUNNER_TOKEN_ENV``: its sandboxes can read its stdin). In
+the Deno runner only the main thread knows it, and sandboxed code never runs there, so a line the
 sandbox prints itself carries no valid token and is dropped. (The CPython worker keeps the
 token in the sandbox's own process: a program there can forge its own results, as the README's
 security table says.) The Deno runner hosts several sandboxes, each a worker: its host lines
@@ -112,6 +113,10 @@ OUTPUT_DIR = "output"
 DATA_DIR = "data"
 #: Where a CPython worker writes and reads checkpoint files (relative to its working directory).
 CHECKPOINT_FOLDER = ".checkpoints"
+#: (Pyodide) The environment variable that gives the Deno runner its token, which only its main
+#: thread may read. Never sent on its stdin: node:fs and process.stdin let any of its sandboxes read
+#: that, and a token read there would let one forge lines as any other sandbox of the process.
+RUNNER_TOKEN_ENV = "MCP_SANDBOX_RUNNER_TOKEN"
 #: A program that leaves more files than this in output/ is not scanned further.
 MAX_SCANNED_FILES = 10_000
 #: Longest output file path a guest may report.
@@ -313,7 +318,8 @@ class InitMessage(TypedDict):
     data/, packages, the memory snapshot to start from; ``allow_net``: hosts it may reach."""
 
     type: Literal["init"]
-    token: str
+    #: The CPython worker's; the Deno runner gets none (``RUNNER_TOKEN_ENV``).
+    token: NotRequired[str]
     guest_modules: list[tuple[str, str]]
     limits: GuestLimits
     pyodide_dir: NotRequired[str]

@@ -88,13 +88,16 @@ class Settings(BaseSettings):
         "memory's maximum (MemoryError past it) and V8 heap, with a host-side watchdog as the last resort.",
     )
     sandboxes_per_process: int = Field(
-        4,
+        1,
         ge=1,
         le=64,
         description="pyodide: sandboxes one Deno process hosts, each a worker of its own, all of one "
         "principal. A new sandbox in a running process starts in a fraction of a new process's time and "
-        "shares its compiled code; a process-wide failure (a V8 heap out of memory) costs all of them "
-        "their live state (each session comes back from its checkpoint, saying so). 1: a process each.",
+        "shares its compiled code; a process-wide failure (a V8 heap out of memory, or one of them ending "
+        "it) costs all of them their live state (each session comes back from its checkpoint, saying so). "
+        "Any of them can read the host's messages to the others, their code and tool replies "
+        "(docs/security.md, co-hosted sandboxes): more than 1 only where one principal's sessions trust "
+        "each other. 1: a process each.",
     )
     allow_net: str | None = Field(
         None,

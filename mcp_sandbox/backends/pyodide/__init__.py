@@ -54,7 +54,7 @@ from mcp_sandbox.packages import (
     is_verified,
     package_key,
 )
-from mcp_sandbox.protocol import GuestOutcome, InitMessage, RecycleMessage
+from mcp_sandbox.protocol import RUNNER_TOKEN_ENV, GuestOutcome, InitMessage, RecycleMessage
 from mcp_sandbox.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -135,6 +135,7 @@ class PyodideBackend(Backend):
     async def prepare(self) -> None:
         """Fetch Pyodide from the npm registry into the cache, once; later starts are offline."""
         self._deno_dir.mkdir(parents=True, exist_ok=True)
+        refuse_web_storage(self._deno_dir)
         command = [
             str(self._deno),
             "cache",
@@ -307,6 +308,8 @@ class PyodideBackend(Backend):
             f"--v8-flags=--max-old-space-size={self._settings.memory_mb}",
             "--config",
             str(self._runner / "deno.json"),
+            # Its token, for the main thread alone: each worker, where sandboxed code runs, has no env.
+            f"--allow-env={RUNNER_TOKEN_ENV}",
             # Only what loading the runner and Pyodide needs, and the data folder; all else is denied.
             "--allow-read=" + ",".join(str(path) for path in [*self._readable(), checkpoint_dir]),
             # The runner's own checkpoint files; its worker, where sandboxed code runs, writes nothing.
@@ -331,7 +334,7 @@ class PyodideBackend(Backend):
                 host = self._with_room(principal) or await self._start_process()
         sandbox = host.add()
         watch = HostedWatch(host, sandbox, self._task_group)
-        init = self._init(host.folder(sandbox), host.token)
+        init = self._init(host.folder(sandbox))
         settings = self._settings
         executor = PyodideExecutor(
             RunnerLink(host.pid, watch, watch.channel()),
@@ -354,10 +357,13 @@ class PyodideBackend(Backend):
     async def _start_process(self) -> RunnerProcess:
         # Private (0700) and local: checkpoints pass through it on their way to the store.
         checkpoint_dir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-checkpoint-"))
+        token = secrets.token_hex(16)
         try:
-            # cwd "/": the sandbox learns nothing from where the server was started.
+            # cwd "/": the sandbox learns nothing from where the server was started. The token goes
+            # in the environment, which only the runner's main thread may read, never on its stdin.
+            env = {**self._sandbox_env(), RUNNER_TOKEN_ENV: token}
             process = await anyio.open_process(
-                self.command(checkpoint_dir), env=self._sandbox_env(), cwd="/", start_new_session=True
+                self.command(checkpoint_dir), env=env, cwd="/", start_new_session=True
             )
         except BaseException:
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
@@ -365,7 +371,7 @@ class PyodideBackend(Backend):
         settings = self._settings
         host = RunnerProcess(
             process,
-            secrets.token_hex(16),
+            token,
             checkpoint_dir,
             capacity=settings.sandboxes_per_process,
             max_line=max_line(self._limits),
@@ -385,13 +391,15 @@ class PyodideBackend(Backend):
             )
         shutil.rmtree(host.checkpoint_dir, ignore_errors=True)
 
-    def _init(self, checkpoint_dir: Path, token: str) -> InitMessage:
-        """A new sandbox's `init`: its process's token, the folders it reads and writes, its
-        memory, what it preloads."""
+    def _init(self, checkpoint_dir: Path) -> InitMessage:
+        """A new sandbox's `init`: the folders it reads and writes, its memory, what it preloads.
+        Never a token: the runner has its process's from its environment, and any sandbox of the
+        process can read the runner's stdin (node:fs), so a token sent there would let it forge
+        lines as any other."""
         settings = self._settings
         assert self._pyodide_dir is not None
         init = init_message(self._limits)
-        init["token"] = token
+        del init["token"]
         init["checkpoint_dir"] = str(checkpoint_dir)
         init["memory_max_bytes"] = settings.memory_mb * MB
         init["pyodide_dir"] = str(self._pyodide_dir)
@@ -422,6 +430,22 @@ class PyodideBackend(Backend):
     def _network(self) -> str:
         allowed = self._settings.allow_net
         return f"network access only to {allowed} (pyodide.http.pyfetch)" if allowed else "no network"
+
+
+def refuse_web_storage(deno_dir: Path) -> None:
+    """Keep Deno from storing what a sandbox puts in the Cache API: it would be on disk under the
+    Deno dir's `location_data`, where every later runner process, whoever's, finds it, and no
+    permission or cap applies. A file in that folder's place makes every attempt fail. worker.ts
+    refuses `caches` too, but a worker a program starts through node:worker_threads has its own."""
+    folder = deno_dir / "location_data"
+    if folder.is_file() and not folder.is_symlink():
+        return
+    with contextlib.suppress(OSError):  # another server doing the same meanwhile
+        if folder.is_symlink():
+            folder.unlink()
+        elif folder.is_dir():
+            shutil.rmtree(folder)  # what sandboxes stored before: nobody's to read
+        folder.write_text("mcp-sandbox: no web storage for sandboxes (refuse_web_storage)\n")
 
 
 #: MB a Pyodide process holds besides its sandboxes' WebAssembly memory and JavaScript heaps: V8,

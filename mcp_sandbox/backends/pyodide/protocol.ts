@@ -17,6 +17,7 @@ export const OUTPUT_DIR = "output";
 export const DATA_DIR = "data";
 export const PASSING_KINDS = ["progress", "tool_call", "describe", "ready", "fatal"] as const;
 export const REPLY_INTERRUPTED = '{"ok": false, "interrupted": true}';
+export const RUNNER_TOKEN_ENV = "MCP_SANDBOX_RUNNER_TOKEN";
 
 export type OutputLimits = {
   max_files: number;
@@ -72,7 +73,7 @@ export type GuestOutcome = {
 
 export type InitMessage = {
   type: "init";
-  token: string;
+  token?: string;
   guest_modules: [string, string][];
   limits: GuestLimits;
   pyodide_dir?: string;

@@ -101,7 +101,8 @@ function fix(target: object, name: PropertyKey, value: unknown): void {
 // A function or constructor whose use after the clean point leaves work the realm would run later.
 function flagUse(target: Record<PropertyKey, unknown>, name: string, label: string): void {
   const original = target[name];
-  if (typeof original !== "function") return;
+  // Not a function, or fixed already (the worker refuses it outright: nothing to flag).
+  if (typeof original !== "function" || !Object.getOwnPropertyDescriptor(target, name)?.configurable) return;
   fix(
     target,
     name,

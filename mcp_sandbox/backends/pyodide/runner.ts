@@ -3,8 +3,9 @@
 // mcp_sandbox/protocol.py.
 //
 // The main thread never runs sandboxed code, so it stays free to read an `interrupt`
-// while a worker is busy, and it alone knows the session token that marks genuine
-// lines on stdout: code in a worker can write to stdout, but cannot forge a token. Each worker's
+// while a worker is busy, and it alone knows the process's token that marks genuine lines on
+// stdout: code in a worker can write to stdout (and read stdin: node:fs reaches both), but cannot
+// forge a token, which comes from this thread's environment, never from stdin. Each worker's
 // messages are read from its own Worker object, so whatever a worker posts acts for its sandbox
 // only: the sandbox number on its lines is this thread's, never the worker's.
 import {
@@ -19,6 +20,7 @@ import {
   MAX_TOOL_REPLY_CHARS,
   PASSING_KINDS,
   type RestoredMessage,
+  RUNNER_TOKEN_ENV,
   type RunnerMessage,
   SIGNAL_INTERRUPT,
   SIGNAL_KILL,
@@ -40,8 +42,13 @@ import {
 const PASSING = new Set<string>(PASSING_KINDS);
 
 const encoder = new TextEncoder();
-// Every sandbox's first `init` carries the process's token; one sent later cannot change it.
-let token: string | null = null;
+// Only this thread may read the environment (each worker has `env: false`, startWorker): no
+// program learns the token.
+const token = Deno.env.get(RUNNER_TOKEN_ENV);
+if (!token) {
+  console.error(`the runner needs its token in ${RUNNER_TOKEN_ENV}`);
+  Deno.exit(2);
+}
 // Pyodide's compiled WebAssembly, handed over by the first worker: every later one starts from it,
 // so V8's compiled and optimised code is shared, and kept across crashes.
 let compiled: WebAssembly.Module | null = null;
@@ -56,8 +63,10 @@ function moduleSettled(): void {
 }
 
 function send(sandbox: number, payload: string): void {
-  // Payloads from a worker are already JSON; wrapping avoids a parse and re-encode.
-  const line = `{"token":${JSON.stringify(token)},"msg":${payload},"sandbox":${sandbox}}\n`;
+  // Payloads from a worker are already JSON; wrapping avoids a parse and re-encode. A worker may
+  // write to stdout too: the newline first ends whatever partial line it left there (the host drops
+  // that as a line of its own), which would otherwise swallow this one, another sandbox's perhaps.
+  const line = `\n{"token":${JSON.stringify(token)},"msg":${payload},"sandbox":${sandbox}}\n`;
   const bytes = encoder.encode(line);
   let written = 0;
   while (written < bytes.length) written += Deno.stdout.writeSync(bytes.subarray(written));
@@ -421,7 +430,6 @@ class Sandbox {
 
 function handle({ sandbox, msg }: HostEnvelope): void {
   if (msg.type === "init") {
-    token ??= msg.token;
     if (sandboxes.has(sandbox) || waiting.has(sandbox)) return;
     if (compiled === null && sandboxes.size > 0) waiting.set(sandbox, msg);
     else sandboxes.set(sandbox, new Sandbox(sandbox, msg));
@@ -439,7 +447,16 @@ for await (const chunk of Deno.stdin.readable) {
   while ((newline = pending.indexOf("\n")) >= 0) {
     const line = pending.slice(0, newline);
     pending = pending.slice(newline + 1);
-    if (line.trim()) handle(JSON.parse(line) as HostEnvelope);
+    if (!line.trim()) continue;
+    let envelope: HostEnvelope;
+    try {
+      envelope = JSON.parse(line) as HostEnvelope;
+    } catch {
+      // A line torn by a sandbox that read part of stdin itself (node:fs reaches it): that message
+      // is lost, not the process and every sandbox in it.
+      continue;
+    }
+    handle(envelope);
   }
 }
 // The host closed stdin: it is done with these sandboxes.

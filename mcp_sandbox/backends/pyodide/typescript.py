@@ -43,6 +43,7 @@ CONSTANTS = (
     "DATA_DIR",
     "PASSING_KINDS",
     "REPLY_INTERRUPTED",
+    "RUNNER_TOKEN_ENV",
 )
 #: The types, in the order the file declares them (unions after their members).
 TYPES = (

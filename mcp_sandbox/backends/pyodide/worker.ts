@@ -235,6 +235,27 @@ function announceExit(target: object, name: string): void {
 }
 announceExit(Deno, "exit");
 announceExit(self, "close");
+
+// Several sandboxes share this process (runner.ts): what a program could reach another one's
+// worker through, or leave for a later process, is refused before anything else runs. Deno
+// delivers a BroadcastChannel's messages to every worker of the process that opened one of that
+// name, and keeps what `caches` holds on disk, in the Deno dir, for every later process. A worker
+// that a program starts (node:worker_threads cannot be refused here) has both again: its `caches`
+// finds no folder to keep anything in (the backend's refuse_web_storage), and its BroadcastChannel
+// reaches only workers that open one, which no sandbox can.
+function refuseShared(): void {
+  // A function, not an arrow: `new` must reach the refusal too.
+  const refuse = (what: string) =>
+    function refused(): never {
+      throw new Deno.errors.NotCapable(`${what}: the sandbox shares its process with other sandboxes`);
+    };
+  const fixed = { configurable: false, enumerable: false };
+  Object.defineProperties(globalThis, {
+    BroadcastChannel: { ...fixed, writable: false, value: refuse("BroadcastChannel is refused") },
+    caches: { ...fixed, get: refuse("the Cache API is refused") },
+  });
+}
+refuseShared();
 // Before Pyodide loads: what could leave work behind for a later call is wrapped (recycle.ts).
 const readDirSync = Deno.readDirSync;
 const readFileSync = Deno.readFileSync;
