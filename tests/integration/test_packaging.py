@@ -36,6 +36,7 @@ def test_wheel_contains_the_runner(wheel: Path) -> None:
         "checkpoint.ts",
         "protocol.ts",
         "options.ts",
+        "modules.ts",
         "snapshot.ts",
         "deno.json",
         "deno.lock",

@@ -213,15 +213,19 @@ class PyodideBackend(Backend):
         return sorted(path.name for path in folder.iterdir() if package_key(path.name.split("-")[0]) in keys)
 
     async def _make_snapshot(self) -> Path | None:
-        """The memory snapshot sandboxes restore instead of loading Pyodide from scratch, made
-        once per Pyodide version and runner; None (slower starts) when it cannot be made."""
+        """The memory snapshot sandboxes restore instead of loading Pyodide and the guest runtime
+        from scratch, made once per Pyodide version, runner and guest runtime (its name is made
+        from them all); None (slower starts) when it cannot be made."""
         assert self._pyodide_dir is not None
-        source = b"".join((self._runner / name).read_bytes() for name in ("snapshot.ts", "options.ts"))
-        tag = hashlib.sha256(source).hexdigest()[:12]
+        guest = json.dumps(GUEST_MODULES).encode()
+        scripts = (self._runner / name for name in ("snapshot.ts", "options.ts", "modules.ts"))
+        tag = hashlib.sha256(b"".join(path.read_bytes() for path in scripts) + guest).hexdigest()[:12]
         snapshot = self._settings.cache_dir / f"pyodide-{self._version}-{tag}.snapshot"
         if snapshot.is_file():
             return snapshot
         partial = snapshot.with_suffix(f".{os.getpid()}.part")
+        sources = snapshot.with_suffix(f".{os.getpid()}.guest.json")
+        sources.write_bytes(guest)
         command = [
             str(self._deno),
             "run",
@@ -229,20 +233,24 @@ class PyodideBackend(Backend):
             "--cached-only",
             "--config",
             str(self._runner / "deno.json"),
-            f"--allow-read={self._runner},{self._pyodide_dir}",
+            f"--allow-read={self._runner},{self._pyodide_dir},{sources}",
             f"--allow-write={partial}",
             str(self._runner / "snapshot.ts"),
             str(partial),
+            str(sources),
         ]
-        with anyio.move_on_after(120):
-            done = await anyio.run_process(command, env=self._sandbox_env(), cwd="/", check=False)
-            if done.returncode == 0 and partial.is_file():
-                partial.replace(snapshot)
-                return snapshot
-            logger.warning(
-                "no Pyodide memory snapshot (sandboxes start more slowly): %s",
-                done.stderr.decode(errors="replace").strip()[-400:],
-            )
+        try:
+            with anyio.move_on_after(120):
+                done = await anyio.run_process(command, env=self._sandbox_env(), cwd="/", check=False)
+                if done.returncode == 0 and partial.is_file():
+                    partial.replace(snapshot)
+                    return snapshot
+                logger.warning(
+                    "no Pyodide memory snapshot (sandboxes start more slowly): %s",
+                    done.stderr.decode(errors="replace").strip()[-400:],
+                )
+        finally:
+            sources.unlink(missing_ok=True)
         partial.unlink(missing_ok=True)
         return None
 

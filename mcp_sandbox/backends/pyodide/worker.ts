@@ -4,6 +4,7 @@
 // constants come from protocol.ts; the exact Pyodide version is pinned once, in deno.json.
 import { loadPyodide, type PyodideInterface } from "pyodide";
 import { HOME, PYODIDE_OPTIONS } from "./options.ts";
+import { loadGuestModules } from "./modules.ts";
 import { asTheWorker, CleanState, guardRealm, hostSetTimeout, taint } from "./recycle.ts";
 import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
 import { hookInstance, Killed } from "./instance.ts";
@@ -406,25 +407,6 @@ async function loadImports(code: string): Promise<string[]> {
   return problems.map((text) => `package loading: ${scrub(text)}`);
 }
 
-// Installs the guest's modules (mcp_sandbox.protocol, then the guest runtime) from their source,
-// as the CPython worker's load_module does, calling Python's own types.ModuleType, compile and exec.
-function loadGuestModules(modules: [string, string][]): void {
-  const builtins = state.pyodide.pyimport("builtins");
-  const types = state.pyodide.pyimport("types");
-  const sys = state.pyodide.pyimport("sys");
-  const loaded = sys.modules;
-  for (const [name, source] of modules) {
-    const module = types.ModuleType(name);
-    const namespace = module.__dict__;
-    namespace.set("__file__", `<${name}>`);
-    loaded.set(name, module);
-    const code = builtins.compile(source, `<${name}>`, "exec");
-    builtins.exec(code, namespace);
-    for (const proxy of [code, namespace, module]) proxy.destroy();
-  }
-  for (const proxy of [loaded, sys, types, builtins]) proxy.destroy();
-}
-
 async function init(message: WorkerInit): Promise<void> {
   const started = performance.now();
   const { packagesDir: packages, snapshot } = message;
@@ -475,7 +457,7 @@ async function init(message: WorkerInit): Promise<void> {
   Object.defineProperty(Deno, internal, refuse("Deno's internals are not the sandbox's"));
   state.syncState = message.syncState as Int32Array;
   state.syncData = message.syncData as SharedArrayBuffer;
-  loadGuestModules(message.guest_modules);
+  loadGuestModules(state.pyodide, message.guest_modules);
   const sys = state.pyodide.pyimport("sys");
   // Loaded under its dotted name without its parent packages, so it is found in sys.modules.
   const guest = sys.modules.get(GUEST_RUNTIME_MODULE) as PyModule;
