@@ -8,17 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.helpers import call, http_server, process_tree, state_file, still_running
+from tests.helpers import as_caller, call, http_server, process_tree, state_file, still_running
 
 pytestmark = pytest.mark.anyio
 
@@ -151,13 +147,3 @@ async def test_two_principals_never_share_a_process(tmp_path: Path) -> None:
                 if said["session_lost"] or said["session_restored"] or not said["success"]:
                     hit.add(principal)
             assert len(hit) <= 1, f"one process held sandboxes of {sorted(hit)}"
-
-
-@asynccontextmanager
-async def as_caller(port: int, token: str) -> AsyncIterator[Client]:
-    http_client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
-    async with (
-        http_client,
-        Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http_client)) as client,
-    ):
-        yield client

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -16,11 +15,9 @@ import httpx
 import pytest
 from mcp import Client
 from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.helpers import call, http_server, server_env, state_file
+from tests.helpers import as_caller, call, http_server, server_env, state_file
 from tests.issuer import ISSUER, RESOURCE, Issuer, write_jwks
 
 pytestmark = pytest.mark.anyio
@@ -63,16 +60,6 @@ async def port(anyio_backend: str, folders: dict[str, Path]) -> AsyncIterator[in
         MCP_SANDBOX_BACKEND="subprocess",
     ) as (serving, _):
         yield serving
-
-
-@asynccontextmanager
-async def as_caller(port: int, token: str) -> AsyncIterator[Client]:
-    http_client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
-    async with (
-        http_client,
-        Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http_client)) as client,
-    ):
-        yield client
 
 
 async def neither_reads_nor_resets_the_other(alice: Client, bob: Client) -> None:
