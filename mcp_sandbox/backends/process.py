@@ -49,15 +49,14 @@ RENEW_TIMEOUT = 30.0
 MAX_RENEWALS = 3
 
 
-def init_message(limits: ExecutorLimits) -> protocol.InitMessage:
-    """A new sandbox's `init` message, with a new session token; the backend adds the host
-    folders the sandbox reads, the hosts it may reach and the packages it preloads."""
-    return {
-        "type": "init",
-        "token": secrets.token_hex(16),
-        "guest_modules": GUEST_MODULES,
-        "limits": limits.guest,
-    }
+def init_message(limits: ExecutorLimits, *, token: bool) -> protocol.InitMessage:
+    """A new sandbox's `init` message, with a new session token if `token` (a runner that takes
+    its own elsewhere gets none); the backend adds the host folders the sandbox reads, the hosts
+    it may reach and the packages it preloads."""
+    init: protocol.InitMessage = {"type": "init", "guest_modules": GUEST_MODULES, "limits": limits.guest}
+    if token:
+        init["token"] = secrets.token_hex(16)
+    return init
 
 
 class CheckpointFiles(Protocol):

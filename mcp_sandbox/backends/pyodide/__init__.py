@@ -406,8 +406,7 @@ class PyodideBackend(Backend):
         lines as any other."""
         settings = self._settings
         assert self._pyodide_dir is not None
-        init = init_message(self._limits)
-        del init["token"]
+        init = init_message(self._limits, token=False)
         init["checkpoint_dir"] = str(checkpoint_dir)
         init["memory_max_bytes"] = settings.memory_mb * MB
         init["pyodide_dir"] = str(self._pyodide_dir)

@@ -235,7 +235,7 @@ class SubprocessBackend(HostPythonBackend):
 
     async def _start_in(self, workdir: Path, uid: int | None) -> Executor:
         iso, settings = self.isolation, self._settings
-        init = init_message(self._limits)
+        init = init_message(self._limits, token=True)
         limits = self._process_limits(uid, iso.tier)
         info_read = -1
         pass_fds: list[int] = []
