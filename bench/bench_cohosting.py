@@ -68,7 +68,7 @@ import anyio
 import httpx
 from bench_clean_sandbox import cpu_seconds
 from bench_latency import NO_HOOKS, percentile, server_pid
-from common import children, free_port, save
+from common import children, free_port, save, wait_for_port
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -247,17 +247,10 @@ async def http_server(env: dict[str, str], log: Path) -> AsyncIterator[tuple[str
     with appending(log) as stderr:
         process = await anyio.open_process(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
-        with anyio.fail_after(60):
-            while True:
-                if process.returncode is not None:
-                    raise RuntimeError(f"the server exited with {process.returncode}: see {log}")
-                try:
-                    stream = await anyio.connect_tcp("127.0.0.1", port)
-                except OSError:
-                    await anyio.sleep(0.1)
-                    continue
-                await stream.aclose()
-                break
+        try:
+            await wait_for_port(port, 60, process)
+        except RuntimeError as error:
+            raise RuntimeError(f"{error}: see {log}") from None
         yield f"http://127.0.0.1:{port}", process.pid
     finally:
         with anyio.CancelScope(shield=True):

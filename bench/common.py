@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 
 
 def children() -> dict[int, list[int]]:
@@ -40,10 +41,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def wait_for_port(port: int, limit: float = 60.0) -> None:
-    """Once something accepts connections on 127.0.0.1:`port` (at most `limit` seconds)."""
+async def wait_for_port(port: int, limit: float = 60.0, process: anyio.abc.Process | None = None) -> None:
+    """Once something accepts connections on 127.0.0.1:`port` (at most `limit` seconds); raises
+    RuntimeError if `process`, the server meant to listen there, exits first."""
     with anyio.fail_after(limit):
         while True:
+            if process is not None and process.returncode is not None:
+                raise RuntimeError(f"the server exited with {process.returncode}")
             try:
                 stream = await anyio.connect_tcp("127.0.0.1", port)
             except OSError:
