@@ -10,6 +10,7 @@ another caller, and it ends once its last sandbox is closed.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 from pathlib import Path
@@ -41,11 +42,10 @@ class RunnerProcess:
         """`principals`: the server has more than one, so a process is bound to one at a time."""
         self.watch = ProcessWatch(process)
         self.pipe = RunnerPipe(process, self.watch, token, max_line, enveloped=True)
-        self.token = token
         self.checkpoint_dir = checkpoint_dir
         self.capacity = capacity
         self._principals = principals
-        self._numbers = iter(range(1 << 30))
+        self._numbers = itertools.count()
         #: The sandboxes it hosts, by number, and the ones handed out (not in the pool).
         self._hosted: set[int] = set()
         self._claimed: set[int] = set()
