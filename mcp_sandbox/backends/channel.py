@@ -89,11 +89,6 @@ class RunnerPipe:
         if route is not None:
             route[0].close()
 
-    @property
-    def sandboxes(self) -> int:
-        """Sandboxes whose messages this pipe still carries."""
-        return len(self._routes)
-
     async def write(self, message: protocol.HostMessage, sandbox: int) -> None:
         """Write one message for `sandbox` to the runner's stdin. Raises SandboxDied."""
         if self._process.stdin is None or not self._watch.alive:
