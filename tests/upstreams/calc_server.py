@@ -50,11 +50,22 @@ def fail(message: str) -> str:
     raise ToolError(message)
 
 
+_slow_calls = 0
+
+
 @app.tool()
 async def slow(seconds: float) -> str:
     """Sleep, then answer."""
+    global _slow_calls
+    _slow_calls += 1
     await anyio.sleep(seconds)
     return "slept"
+
+
+@app.tool()
+def slow_calls() -> int:
+    """How many calls to `slow` this server has received."""
+    return _slow_calls
 
 
 @app.tool()
