@@ -151,23 +151,45 @@ def _pending_tasks() -> set[Any]:
 
 def note_tasks() -> None:
     """(Pyodide) Before a run: remember the tasks earlier runs left pending."""
-    global _earlier_tasks
+    global _earlier_tasks, _interrupt_waiting
     _earlier_tasks = _pending_tasks()
+    _interrupt_waiting = False
+
+
+#: (Pyodide) This run's interrupt landed before its program began, in an earlier run's task.
+_interrupt_waiting = False
 
 
 def on_interrupt(signum: int, frame: Any) -> None:
     """(Pyodide) The SIGINT handler. An interrupt lands in whatever Python runs first: when that is
-    a task an earlier run left (a ticker), it cancels this run's tasks instead, and the task runs
-    on; anywhere else it is the program's KeyboardInterrupt, as on CPython."""
+    a task an earlier run left (a ticker), or the event loop's own code between steps, it cancels
+    this run's tasks instead (or, with none yet, waits for the program), and the task or the loop
+    runs on; anywhere else it is the program's KeyboardInterrupt, as on CPython."""
+    global _interrupt_waiting
     asyncio = sys.modules.get("asyncio")
-    if asyncio is not None and _earlier_tasks:
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:
-            task = None  # no event loop: the program's own code
-        if task is not None and task in _earlier_tasks and cancel_run():
-            return
+    if asyncio is None:
+        raise KeyboardInterrupt
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None  # no event loop: the program's own code
+    if (task is None and _in_loop_callback(frame)) or (task is not None and task in _earlier_tasks):
+        # Raised here it would end an earlier run's task, or escape the loop's callback into
+        # JavaScript and end the worker.
+        if not cancel_run():
+            _interrupt_waiting = True  # before the program began: it starts interrupted
+        return
     raise KeyboardInterrupt
+
+
+def _in_loop_callback(frame: Any) -> bool:
+    """Whether `frame` runs under a callback of Pyodide's event loop (the loop's `run_handle`,
+    which JavaScript calls), rather than under the program's own code."""
+    while frame is not None:
+        if frame.f_code.co_name == "run_handle" and frame.f_globals.get("__name__") == "pyodide.webloop":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def cancel_run() -> bool:
@@ -189,8 +211,11 @@ def deliver(channel: ToolChannel, call: int, reply: str) -> None:
 
 def run_json(interpreter: Interpreter, code: str, tools_manifest: str | None = None) -> str | Any:
     """A run for runners that speak JSON: the outcome as JSON text, or an awaitable of it."""
-    global _interrupted
+    global _interrupted, _interrupt_waiting
     _interrupted = False
+    if _interrupt_waiting:
+        _interrupt_waiting = False
+        raise KeyboardInterrupt  # the runner reports the run interrupted
     if tools_manifest is not None:
         interpreter.install_tools(tools_manifest)
     outcome = interpreter.run(code)

@@ -302,17 +302,23 @@ async def test_a_replaced_worker_keeps_nothing_of_the_program_that_crashed(
 
 async def test_an_interrupted_await_leaves_an_earlier_calls_task_running(client: Client) -> None:
     # The interrupt cancels what the interrupted run started, never the session's earlier work.
+    # The ticker never sleeps, so it runs Python whenever the loop is free: an interrupt may land
+    # in it, in the loop between its steps, or, in a new sandbox, before the run has begun. So
+    # several sessions, each in a new sandbox.
     start = (
         "import asyncio\nticks = 0\nasync def tick():\n    global ticks\n    while True:\n"
-        "        ticks += 1\n        await asyncio.sleep(0.01)\nbackground = asyncio.ensure_future(tick())"
+        "        ticks += 1\n        await asyncio.sleep(0)\nbackground = asyncio.ensure_future(tick())"
     )
-    assert (await call(client, start, session_id="background"))["success"]
-    stopped = await call(
-        client, "import asyncio\nawait asyncio.sleep(5)", session_id="background", timeout=0.5
-    )
-    assert stopped["error_type"] == "Timeout", (stopped["error"], stopped.get("notes"), stopped["stderr"])
-    still = await call(client, "background.done()", session_id="background")
-    assert still["result"] == "False", still
+    for session in (f"background-{n}" for n in range(6)):
+        assert (await call(client, start, session_id=session))["success"]
+        stopped = await call(
+            client, "import asyncio\nawait asyncio.sleep(5)", session_id=session, timeout=0.3
+        )
+        assert stopped["error_type"] == "Timeout", (stopped["error"], stopped.get("notes"))
+        assert not stopped["session_lost"], stopped["error"]
+        still = await call(client, "background.done(), ticks > 0", session_id=session)
+        assert still["result"] == "(False, True)", still
+        await call(client, "background.cancel()", session_id=session)
 
 
 @pytest.mark.parametrize("raised", ["KeyboardInterrupt", "SystemExit"])

@@ -402,6 +402,8 @@ async function loadImports(code: string): Promise<string[]> {
       }
     }
   } catch (error) {
+    // The run's interrupt landed in the import scan: the run is interrupted, not a package.
+    if ((error as { type?: unknown }).type === "KeyboardInterrupt") throw error;
     problems.push(String(error));
   }
   return problems.map((text) => `package loading: ${scrub(text)}`);
@@ -442,7 +444,8 @@ async function init(message: WorkerInit): Promise<void> {
   state.pyodide.FS.mkdirTree(`${HOME}/${OUTPUT_DIR}`);
   state.pyodide.FS.mkdirTree(GUEST_DATA);
   state.pyodide.FS.chdir(HOME);
-  state.pyodide.setInterruptBuffer(state.signals as unknown as Uint8Array);
+  // Pyodide's interrupt buffer is attached only while a run runs (run): between runs an earlier
+  // run's task or a warm-up round would take the next run's interrupt, which may arrive first.
   // The runner's stdin carries the host's messages: neither Pyodide's stdin nor Deno's reads it,
   // nor Deno's internals (their `core.readSync(0, ...)` reads any open resource).
   state.pyodide.setStdin({ error: true });
@@ -551,13 +554,15 @@ async function run(message: RunMessage): Promise<void> {
   let outcome: unknown;
   let problems: string[] = [];
   try {
-    problems = await loadImports(message.code);
-    // Called as a promising entrypoint, so the program may block on a coroutine through stack
-    // switching: asyncio.run and loop.run_until_complete work as they do on CPython. Between its
-    // awaits the program is parked, and an interrupt cancels its tasks (cancelOnInterrupt).
+    // From here on the run awaits (loading packages, then its program's awaits): an earlier run's
+    // task may run meanwhile, and an interrupt cancels this run's tasks (cancelOnInterrupt).
     state.noteTasks();
+    state.pyodide.setInterruptBuffer(state.signals as unknown as Uint8Array);
     state.awaiting = true;
     cancelOnInterrupt();
+    problems = await loadImports(message.code);
+    // Called as a promising entrypoint, so the program may block on a coroutine through stack
+    // switching: asyncio.run and loop.run_until_complete work as they do on CPython.
     // A promising call leaves the C stack 16 bytes lower than it found it (Pyodide 0.29.3): put
     // back, or each run would shrink the stack, and no checkpoint would see Python at rest.
     const stack = runtime().stackSave();
@@ -570,7 +575,6 @@ async function run(message: RunMessage): Promise<void> {
         awaitable.destroy?.();
       }
     } finally {
-      state.awaiting = false;
       runtime().stackRestore(stack);
     }
   } catch (error) {
@@ -588,6 +592,8 @@ async function run(message: RunMessage): Promise<void> {
       return;
     }
   } finally {
+    state.awaiting = false;
+    state.pyodide.setInterruptBuffer(undefined as unknown as Uint8Array);
     state.currentId = null;
   }
   if (problems.length) {
@@ -709,15 +715,13 @@ function warmUpStep(): void {
     hostSetTimeout(warmUpStep, JIT_WARM_UP_IDLE_MS - Math.min(quiet, JIT_WARM_UP_IDLE_MS) + 1);
     return;
   }
-  // Detached: an interrupt that arrives now is for the run queued behind this round.
-  state.pyodide.setInterruptBuffer(undefined as unknown as Uint8Array);
+  // The interrupt buffer is detached between runs: one that arrives now is for the run queued
+  // behind this round.
   try {
     state.jitWarmUp(1);
     state.warmUpLeft -= 1;
   } catch {
     state.warmUpLeft = 0; // a sandbox whose warm-up fails still serves calls, only slower
-  } finally {
-    state.pyodide.setInterruptBuffer(state.signals as unknown as Uint8Array);
   }
   hostSetTimeout(warmUpStep, 0);
 }
