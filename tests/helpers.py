@@ -34,10 +34,20 @@ TEST_ENV = {
     "MCP_SANDBOX_LOG_LEVEL": "WARNING",
     # No fetching from the Pyodide CDN: tests of the default packages give their own index.
     "MCP_SANDBOX_DEFAULT_PACKAGES": "",
+    # No JIT warm-up in idle time (about 2 CPU-s per Pyodide session): the suite's servers would
+    # spend a third of CI's two cores on it. The conformance servers (tests/integration/conftest.py)
+    # and test_faults.py's keep the default, so its path is tested where programs are.
+    "MCP_SANDBOX_PYODIDE_WARM_UP_ROUNDS": "0",
     # A host secret that must never be visible inside the sandbox.
     "MCP_SANDBOX_TEST_SECRET": "hunter2-host-secret",
     # A checkout run with PYTHONPATH (a git worktree, say): its servers run that code too.
     **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
+}
+
+
+#: The JIT warm-up as a server has it by default (TEST_ENV turns it off).
+DEFAULT_WARM_UP = {
+    "MCP_SANDBOX_PYODIDE_WARM_UP_ROUNDS": str(Settings.model_fields["pyodide_warm_up_rounds"].default)
 }
 
 
@@ -49,7 +59,12 @@ def server_params(**env: str) -> StdioServerParameters:
 async def in_memory(**settings: Any) -> AsyncIterator[Client]:
     """The MCP server in this process, reached through the real MCP client in memory: for what the
     adapter does (schemas, descriptions, error mapping, bad input) no server process is needed."""
-    defaults: dict[str, Any] = {"pool_size": 2, "interrupt_grace": 1, "default_packages": ""}
+    defaults: dict[str, Any] = {
+        "pool_size": 2,
+        "interrupt_grace": 1,
+        "default_packages": "",
+        "pyodide_warm_up_rounds": 0,
+    }
     async with App(Settings(**{**defaults, **settings})) as app, Client(build_server(app)) as client:
         yield client
 
