@@ -30,6 +30,7 @@ from mcp_sandbox import logs, tracing
 from mcp_sandbox.app import App
 from mcp_sandbox.backends.base import ExecutorHooks, SandboxStartError
 from mcp_sandbox.backends.pyodide import PyodideBackend, find_deno, pyodide_version
+from mcp_sandbox.backends.registry import BACKENDS
 from mcp_sandbox.bridge.config import BridgeConfigError
 from mcp_sandbox.checks import Check
 from mcp_sandbox.doctor import (
@@ -118,7 +119,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, CliSettingsSource[Sett
         epilog=SETTINGS_NOTE,
     )
     run.add_argument("file", metavar="FILE", help="the program, or - to read it from standard input")
-    commands.add_parser(
+    doctor_command = commands.add_parser(
         "doctor",
         help="check this machine and print client configs",
         description="Check what mcp-sandbox needs, one line each with a fix for each problem: Python, "
@@ -127,6 +128,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, CliSettingsSource[Sett
         "config for this installation and a streamable HTTP client config. Exit status 1 when something "
         "the configured backend needs does not work.",
         epilog=SETTINGS_NOTE,
+    )
+    doctor_command.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        help="check only this backend and what it needs, as the configured one; the others are not started",
     )
     fetch = commands.add_parser(
         "fetch",
@@ -324,14 +330,17 @@ def read_program(name: str) -> str:
         raise CliError(f"{name} is not UTF-8 text", RUN_IMPOSSIBLE) from None
 
 
-async def doctor(overrides: dict[str, Any]) -> int:
-    """Print every check as it completes, then the client configs; 1 when a required check failed."""
+async def doctor(overrides: dict[str, Any], only: str | None = None) -> int:
+    """Print every check as it completes, then the client configs; 1 when a required check failed.
+    `only`: the one backend to check, as if configured."""
     print(f"mcp-sandbox {__version__} at {package_location()}")
     settings_check, settings = check_settings(overrides)
     checks = [settings_check]
     print_check(settings_check)
+    if settings is not None and only is not None:
+        settings = settings.model_copy(update={"backend": only})
     if settings is not None:
-        async for check in run_checks(settings):
+        async for check in run_checks(settings, [only] if only else list(BACKENDS)):
             print_check(check)
             checks.append(check)
     failed = [check.name for check in checks if check.status == "failed"]
@@ -398,7 +407,7 @@ def _dispatch(args: argparse.Namespace, flags: dict[str, CliSettingsSource[Setti
     command: str = {"warmup": "fetch", None: "serve"}.get(args.command, args.command)
     if command == "doctor":
         logging.basicConfig(level=logging.CRITICAL, stream=sys.stderr)
-        return anyio.run(doctor, {})
+        return anyio.run(doctor, {}, args.backend)
     if command == "run":
         code = read_program(args.file)
     settings = _settings(args, flags.get(command) if args.command else None)

@@ -157,14 +157,16 @@ def check_packages_folder(settings: Settings) -> Check:
     return Check("packages folder", "ok", f"{folder}: {len(files)} package file{'s' * (len(files) != 1)}")
 
 
-async def run_checks(settings: Settings) -> AsyncGenerator[Check, None]:
-    """Every check, in the order printed; the backends are tried one after another."""
+async def run_checks(settings: Settings, names: list[str]) -> AsyncGenerator[Check, None]:
+    """Every check, in the order printed, of the backends `names` and the rest; the backends are
+    tried one after another."""
     yield check_python()
-    for entry in BACKENDS.values():
-        for check in await entry.checks(settings):
+    for name in names:
+        for check in await BACKENDS[name].checks(settings):
             yield check
     backends: dict[str, Check] = {}
-    for name, entry in BACKENDS.items():
+    for name in names:
+        entry = BACKENDS[name]
         if (reason := entry.untried(settings)) is not None:
             backends[name] = Check(f"{name} backend", "failed", f"not tried: {reason}", entry.fix)
         else:

@@ -315,15 +315,23 @@ def test_doctor_without_deno_warns_when_auto_falls_back(tmp_path: Path) -> None:
 
 
 def test_doctor_reports_a_bad_bridge_config_and_an_unreachable_upstream(tmp_path: Path) -> None:
-    done = cli("doctor", cwd=tmp_path, MCP_SANDBOX_BRIDGE_CONFIG=_bad_bridge_config(tmp_path))
+    # One backend, the quickest to start: the bridge's checks do not depend on it.
+    done = cli(
+        "doctor",
+        "--backend",
+        "inprocess",
+        cwd=tmp_path,
+        MCP_SANDBOX_BRIDGE_CONFIG=_bad_bridge_config(tmp_path),
+    )
     assert done.returncode == 1
     assert check_line(done.stdout, "bridge config")[0] == "✗"
     assert "unset MCP_SANDBOX_BRIDGE_CONFIG" in fix_after(done.stdout, "bridge config")
 
     config = tmp_path / "gone.json"
     config.write_text(json.dumps({"mcpServers": {"gone": {"command": str(tmp_path / "nothing")}}}))
-    done = cli("doctor", cwd=tmp_path, MCP_SANDBOX_BRIDGE_CONFIG=str(config))
+    done = cli("doctor", "--backend", "inprocess", cwd=tmp_path, MCP_SANDBOX_BRIDGE_CONFIG=str(config))
     assert done.returncode == 1
+    assert "pyodide backend" not in done.stdout and "subprocess backend" not in done.stdout
     mark, detail = check_line(done.stdout, "upstream gone")
     assert mark == "✗" and detail.startswith("unreachable: "), done.stdout
 

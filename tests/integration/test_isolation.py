@@ -100,10 +100,12 @@ async def test_the_tool_description_and_doctor_name_the_tier(anyio_backend: str,
     async with Client(params) as client:
         tools = {tool.name: tool.description or "" for tool in (await client.list_tools()).tools}
     assert "inside a bubblewrap sandbox" in tools["execute_python"]
-    done = await anyio.run_process([str(ENTRY_POINT), "doctor"], env=cli_env(), cwd=tmp_path, check=False)
+    doctor = [str(ENTRY_POINT), "doctor", "--backend", "subprocess"]
+    done = await anyio.run_process(doctor, env=cli_env(), cwd=tmp_path, check=False)
     output = done.stdout.decode()
     mark, detail = check_line(output, "isolation")
     assert mark == "✓" and "(tier bubblewrap)" in detail, output
+    assert check_line(output, "subprocess backend")[0] == "✓" and "pyodide backend" not in output, output
 
 
 def test_without_namespaces_it_falls_back_to_landlock_and_says_why(tmp_path: Path) -> None:
@@ -116,7 +118,7 @@ def test_without_namespaces_it_falls_back_to_landlock_and_says_why(tmp_path: Pat
     assert "Operation not permitted" in warning and "fix: " in warning and "seccomp profile" in warning
     assert "isolation landlock" in done.stderr  # the tier in force, in the log
     doctor = subprocess.run(
-        [*NO_NAMESPACES, str(ENTRY_POINT), "doctor"],
+        [*NO_NAMESPACES, str(ENTRY_POINT), "doctor", "--backend", "subprocess"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -138,7 +140,7 @@ def test_with_neither_it_warns_loudly_or_refuses_to_start(tmp_path: Path) -> Non
     assert "Traceback" not in refused.stderr
     for require, expected in (("false", "!"), ("true", "✗")):
         doctor = subprocess.run(
-            [*NEITHER, str(ENTRY_POINT), "doctor"],
+            [*NEITHER, str(ENTRY_POINT), "doctor", "--backend", "subprocess"],
             capture_output=True,
             text=True,
             timeout=300,
