@@ -337,9 +337,9 @@ async def doctor(overrides: dict[str, Any], only: str | None = None) -> int:
     settings_check, settings = check_settings(overrides)
     checks = [settings_check]
     print_check(settings_check)
-    if settings is not None and only is not None:
-        settings = settings.model_copy(update={"backend": only})
     if settings is not None:
+        if only is not None:
+            settings = settings.model_copy(update={"backend": only})
         async for check in run_checks(settings, [only] if only else list(BACKENDS)):
             print_check(check)
             checks.append(check)

@@ -140,6 +140,9 @@ def _as_interrupt(error: BaseException) -> BaseException:
 
 #: (Pyodide) Tasks pending when the run began: earlier runs' work, which its interrupt leaves be.
 _earlier_tasks: set[Any] = set()
+#: (Pyodide) This run's interrupt landed before its program began (in an earlier run's task, or
+#: the event loop's own code): the program starts interrupted.
+_interrupt_waiting = False
 
 
 def _pending_tasks() -> set[Any]:
@@ -154,10 +157,6 @@ def note_tasks() -> None:
     global _earlier_tasks, _interrupt_waiting
     _earlier_tasks = _pending_tasks()
     _interrupt_waiting = False
-
-
-#: (Pyodide) This run's interrupt landed before its program began, in an earlier run's task.
-_interrupt_waiting = False
 
 
 def on_interrupt(signum: int, frame: Any) -> None:

@@ -575,6 +575,26 @@ async def test_the_victims_tool_replies_stay_its_own(cohosting: Cohosting) -> No
         assert await both.victim_breach() is None
 
 
+def marked_call(
+    client: Client, code: str, session_id: str, *, timeout: float, within: float
+) -> Callable[[str, anyio.Event, list[Reply]], Awaitable[None]]:
+    """A call of `code` to start in a task group: it sets `reached` once the program prints
+    `marker` (heard as progress), and adds its reply to `replies`; `within` bounds it."""
+
+    async def run(marker: str, reached: anyio.Event, replies: list[Reply]) -> None:
+        async def heard(progress: float, total: float | None, message: str | None) -> None:
+            if message and marker in message:
+                reached.set()
+
+        arguments = {"code": code, "session_id": session_id, "timeout": timeout}
+        with anyio.fail_after(within):
+            response = await client.call_tool("execute_python", arguments, progress_callback=heard)
+        text = "".join(getattr(block, "text", "") for block in response.content)
+        replies.append(Reply(bool(response.is_error), text, response.structured_content))
+
+    return run
+
+
 def runner_token(pid: int) -> str:
     """The token runner process `pid` got in its environment (RUNNER_TOKEN_ENV)."""
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -618,20 +638,9 @@ async def test_a_sandbox_reads_the_host_messages_of_the_others(cohosting: Cohost
         token = runner_token(both.pid)
         reading = anyio.Event()
         reply: list[Reply] = []
-
-        async def heard(progress: float, total: float | None, message: str | None) -> None:
-            if message and "reading" in message:
-                reading.set()
-
-        async def read() -> None:
-            arguments = {"code": READ_STDIN, "session_id": both.attacker, "timeout": 150}
-            with anyio.fail_after(200):
-                response = await client.call_tool("execute_python", arguments, progress_callback=heard)
-            text = "".join(getattr(block, "text", "") for block in response.content)
-            reply.append(Reply(bool(response.is_error), text, response.structured_content))
-
         async with anyio.create_task_group() as group:
-            group.start_soon(read)
+            read = marked_call(client, READ_STDIN, both.attacker, timeout=150, within=200)
+            group.start_soon(read, "reading", reading, reply)
             with anyio.fail_after(60):
                 await reading.wait()
             # Each line is the attacker's about half the time: the first it reaches it tears, and
@@ -705,29 +714,17 @@ async def test_an_attacker_that_spins_or_hogs_memory_leaves_the_victim_answering
     client = cohosting.client
     async with pair(cohosting, hog) as both:
         spinning = anyio.Event()
-        attacker_done = anyio.Event()
         outcome: list[Reply] = []
-
-        async def heard(progress: float, total: float | None, message: str | None) -> None:
-            if message and "spinning" in message:
-                spinning.set()
-
-        async def attack() -> None:
-            arguments = {"code": STARVE[hog], "session_id": both.attacker, "timeout": SPIN_S}
-            with anyio.fail_after(SPIN_S + 60):
-                response = await client.call_tool("execute_python", arguments, progress_callback=heard)
-            outcome.append(Reply(bool(response.is_error), "", response.structured_content))
-            attacker_done.set()
-
         async with anyio.create_task_group() as group:
-            group.start_soon(attack)
+            attack = marked_call(client, STARVE[hog], both.attacker, timeout=SPIN_S, within=SPIN_S + 60)
+            group.start_soon(attack, "spinning", spinning, outcome)
             with anyio.fail_after(60):
                 await spinning.wait()
             for turn in range(3):
                 with anyio.fail_after(ANSWER_S):
                     got = await send(client, f"secret, {turn}", both.victim, timeout=ANSWER_S)
                 assert got.get("result") == repr((SECRET, turn)), got.summary()
-            assert not attacker_done.is_set(), "the attacker stopped before the victim's calls were done"
+            assert not outcome, "the attacker stopped before the victim's calls were done"
             assert await both.victim_breach() is None
     # The loops end at their deadline; the hog, with its MemoryError caught, when it lets go.
     assert outcome[0].get("success") is (hog == "memory_hog"), outcome[0].summary()
