@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -409,10 +409,17 @@ async def logged_server(params: StdioServerParameters) -> AsyncIterator[tuple[Cl
 # --- checks: each returns how the attack got through, or None ---------------------------------
 
 
-def all_of(*checks: Check) -> Check:
-    async def check(host: Host, reply: Reply) -> str | None:
+Where = TypeVar("Where")
+
+
+def all_of(
+    *checks: Callable[[Where, Reply], Awaitable[str | None]],
+) -> Callable[[Where, Reply], Awaitable[str | None]]:
+    """The checks one after another, on a host or on a pair (test_cohosting.py): the first breach."""
+
+    async def check(where: Where, reply: Reply) -> str | None:
         for each in checks:
-            if (breach := await each(host, reply)) is not None:
+            if (breach := await each(where, reply)) is not None:
                 return breach
         return None
 

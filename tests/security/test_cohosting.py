@@ -41,7 +41,7 @@ from mcp_sandbox.backends.pyodide import PyodideBackend
 from mcp_sandbox.protocol import RUNNER_TOKEN_ENV
 from mcp_sandbox.settings import Settings
 from tests.helpers import http_server, process_tree, state_file
-from tests.security.harness import Reply, program, send
+from tests.security.harness import Reply, all_of, program, send
 
 pytestmark = pytest.mark.anyio
 
@@ -254,16 +254,6 @@ async def few_markers(pair: Pair, reply: Reply) -> str | None:
     if in_memory > 1000 or in_buffers > 0:
         return f"the attacker found the victim's marker: {result}"
     return None
-
-
-def all_of(*checks: PairCheck) -> PairCheck:
-    async def check(pair: Pair, reply: Reply) -> str | None:
-        for each in checks:
-            if (breach := await each(pair, reply)) is not None:
-                return breach
-        return None
-
-    return check
 
 
 # --- the attacks: one program each, checked on the host and in the victim --------------------
