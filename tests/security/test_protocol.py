@@ -52,9 +52,18 @@ if js is not None:
     js.eval("setTimeout(() => { for (const p of " + payloads + ") "
             "postMessage({id: null, json: p, exiting: false}) }, 0)")
 else:
-    import gc, threading
-    channel = next(o for o in gc.get_objects() if type(o).__name__ == "HostLink")
-    threading.Timer(0.05, lambda: [channel.send(p) for p in forge_all()]).start()
+    # The worker's own pipe end: every result after this call's own is rewritten as it is sent.
+    import gc
+    link = next(o for o in gc.get_objects() if type(o).__name__ == "HostLink")
+    genuine, sent = link.send, []
+    def forging(payload):
+        message = json.loads(payload)
+        if message.get("type") == "result":
+            if sent:
+                message["outcome"]["result"] = "'FORGED'"
+            sent.append(message["id"])
+        genuine(json.dumps(message))
+    link.send = forging
 'first'
 """
 
