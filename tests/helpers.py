@@ -29,7 +29,9 @@ from mcp_sandbox.settings import Settings
 
 #: Settings every test server gets: small pool, quick kill after an ignored interrupt.
 TEST_ENV = {
-    "MCP_SANDBOX_POOL_SIZE": "2",
+    # One sandbox kept ready: most test servers serve a session or two, and each Pyodide sandbox
+    # started ahead costs a CPU-second of CI's two cores. Tests of concurrency set their own.
+    "MCP_SANDBOX_POOL_SIZE": "1",
     "MCP_SANDBOX_INTERRUPT_GRACE": "1",
     "MCP_SANDBOX_LOG_LEVEL": "WARNING",
     # No fetching from the Pyodide CDN: tests of the default packages give their own index.
@@ -60,7 +62,7 @@ async def in_memory(**settings: Any) -> AsyncIterator[Client]:
     """The MCP server in this process, reached through the real MCP client in memory: for what the
     adapter does (schemas, descriptions, error mapping, bad input) no server process is needed."""
     defaults: dict[str, Any] = {
-        "pool_size": 2,
+        "pool_size": 1,
         "interrupt_grace": 1,
         "default_packages": "",
         "pyodide_warm_up_rounds": 0,
