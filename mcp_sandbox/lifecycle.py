@@ -10,6 +10,7 @@ from enum import Enum
 import anyio
 
 from mcp_sandbox.backends.base import Executor
+from mcp_sandbox.principals import SOLE
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.store import Lease, SavedState
 
@@ -99,6 +100,8 @@ class Session:
     Its state and sandbox change together, only through `to`."""
 
     session_id: str
+    #: Whose it is: its sandboxes serve this principal only.
+    principal: str = SOLE
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     #: Calls that ran to an end in this session (its state is "after call `calls`").

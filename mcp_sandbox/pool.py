@@ -53,9 +53,9 @@ class ReadyPool:
     sandboxes, `Executor.serves`): it is handed to the first waiter it serves, and a start for a
     waiter is started for its principal.
 
-    A caller done with a sandbox gives it back (`release`): with `recycle`, it is reset in place
+    A caller done with a sandbox gives it back (`give_back`): with `recycle`, it is reset in place
     in the background and is ready again in milliseconds; otherwise, or when it cannot be
-    reset, it is closed. A sandbox lent for one call (`acquire(lend=True)`) is expected back, so
+    reset, it is closed. A sandbox lent for one call (`take(lend=True)`) is expected back, so
     taking it starts no replacement.
     """
 
@@ -126,14 +126,14 @@ class ReadyPool:
             self._task_group.start_soon(self._start_one, whose.pop(0) if whose else None)
 
     @traced("mcp_sandbox.sandbox_wait")
-    async def acquire(self, *, lend: bool = False, principal: str = SOLE) -> Executor:
+    async def take(self, *, lend: bool = False, principal: str = SOLE) -> Executor:
         """A ready executor, now or as soon as one starts. Raises PoolUnavailable. `lend`: the
-        caller gives it back with `release` after one call. `principal`: whose call waits, for
+        caller gives it back with `give_back` after one call. `principal`: whose call waits, for
         its turn."""
         if self._closed:
             raise PoolUnavailable("the server is shutting down")
         with self._metrics.sandbox_wait.time():
-            executor = await self._acquire(principal)
+            executor = await self._wait_for_one(principal)
         if lend and self._recycle:
             self._coming_back += 1
         self.fill()
@@ -146,8 +146,8 @@ class ReadyPool:
         executor.claim(principal)
         return executor
 
-    async def release(self, executor: Executor, *, lent: bool = False) -> None:
-        """Take back a sandbox its caller is done with (`lent`: one from `acquire(lend=True)`):
+    async def give_back(self, executor: Executor, *, lent: bool = False) -> None:
+        """Take back a sandbox its caller is done with (`lent`: one from `take(lend=True)`):
         closed before this returns, or recycled in the background."""
         if lent and self._recycle:
             self._coming_back -= 1
@@ -197,7 +197,7 @@ class ReadyPool:
         waiter.ready.set()
         return True
 
-    async def _acquire(self, principal: str) -> Executor:
+    async def _wait_for_one(self, principal: str) -> Executor:
         for executor in list(self._ready):
             if not executor.alive or not executor.reusable:
                 self._ready.remove(executor)

@@ -18,7 +18,6 @@ from mcp_sandbox.leases import Leases
 from mcp_sandbox.lifecycle import Resumed, Session, SessionState
 from mcp_sandbox.metrics import Metrics
 from mcp_sandbox.pool import ReadyPool
-from mcp_sandbox.principals import owner
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store import SavedState
 
@@ -47,11 +46,11 @@ class Sandboxes:
     async def lend(self, principal: str) -> Executor:
         """A clean sandbox for one call without a session, to come back through `take_back_lent`.
         Raises PoolUnavailable."""
-        return await self._pool.acquire(lend=True, principal=principal)
+        return await self._pool.take(lend=True, principal=principal)
 
     async def take_back_lent(self, executor: Executor) -> None:
         """A lent sandbox is done with: recycled for the next caller, or closed."""
-        await self._pool.release(executor, lent=True)
+        await self._pool.give_back(executor, lent=True)
 
     async def own(self, session: Session) -> Executor | None:
         """The session's live sandbox, once this instance holds its lease (`Leases.hold`): a
@@ -79,7 +78,7 @@ class Sandboxes:
         await self.make_room(session)
         resumed = await self._resume(session, None)
         if session.executor is None:
-            session.to(SessionState.LIVE, await self._pool.acquire(principal=owner(session.session_id)))
+            session.to(SessionState.LIVE, await self._pool.take(principal=session.principal))
         return resumed
 
     async def replace(self, session: Session) -> Resumed:
@@ -91,7 +90,7 @@ class Sandboxes:
             return await self._resume(session, renewed)
         finally:
             if renewed is not None and session.executor is not renewed:
-                await self._pool.release(renewed)
+                await self._pool.give_back(renewed)
 
     async def _resume(self, session: Session, renewed: Executor | None) -> Resumed:
         found = await self._checkpoints.find(session)
@@ -111,7 +110,7 @@ class Sandboxes:
         executor = (
             renewed
             if renewed is not None and renewed.alive
-            else await self._pool.acquire(principal=owner(session.session_id))
+            else await self._pool.take(principal=session.principal)
         )
         refused = await executor.restore(checkpoint.payload)
         if refused is not None:
@@ -119,7 +118,7 @@ class Sandboxes:
             # A pooled sandbox may have been used (recycled) in a way that rules it out: a new one.
             first = refused
             try:
-                executor = await self._pool.start_new(owner(session.session_id))
+                executor = await self._pool.start_new(session.principal)
                 refused = await executor.restore(checkpoint.payload)
             except SandboxStartError as error:
                 refused = NotDone(f"{first.reason}; and a new sandbox did not start: {error}")
@@ -137,7 +136,7 @@ class Sandboxes:
         instance took it: moved), back to the pool."""
         executor = session.to(state)
         assert executor is not None
-        await self._pool.release(executor)
+        await self._pool.give_back(executor)
 
     async def lose(self, session: Session, *, keep_renewed: bool = False) -> Executor | None:
         """The session's sandbox lost its state. One renewed in place (Executor.renew) is clean
@@ -150,7 +149,7 @@ class Sandboxes:
         elif keep_renewed:
             return executor
         else:
-            await self._pool.release(executor)
+            await self._pool.give_back(executor)
         return None
 
     async def lose_unstarted(self, session: Session) -> None:

@@ -22,7 +22,7 @@ from mcp_sandbox.leases import ASKS_INTERVAL_S, Leases, Renewal
 from mcp_sandbox.lifecycle import Resumed, Session, SessionState, Timings, said
 from mcp_sandbox.metrics import Metrics
 from mcp_sandbox.pool import ReadyPool
-from mcp_sandbox.principals import SOLE, owner
+from mcp_sandbox.principals import SOLE
 from mcp_sandbox.progress import ProgressRelay, ProgressReport
 from mcp_sandbox.quotas import Limits, Quotas
 from mcp_sandbox.result import ExecutionResult
@@ -126,7 +126,7 @@ class Sessions:
 
     def _held_by(self, principal: str) -> tuple[int, int]:
         """How many sessions `principal` has open here, and how many of them hold a sandbox."""
-        own = [session for key, session in self._sessions.items() if owner(key) == principal]
+        own = [session for session in self._sessions.values() if session.principal == principal]
         return len(own), sum(session.live for session in own)
 
     async def run(
@@ -187,7 +187,7 @@ class Sessions:
                     "call reset_session on one you no longer need, or wait for idle ones to expire "
                     f"({self._settings.session_ttl:g} s)"
                 )
-            session = self._sessions[session_id] = Session(session_id)
+            session = self._sessions[session_id] = Session(session_id, principal)
         return session
 
     @asynccontextmanager

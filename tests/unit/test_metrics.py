@@ -162,7 +162,7 @@ async def test_the_pool_reports_waits_failures_and_its_health() -> None:
         pool = ReadyPool(start, size=1, task_group=group, acquire_timeout=30, metrics=metrics)
         assert pool.health() == "the first sandboxes are starting"
         with anyio.fail_after(10), pytest.raises(PoolUnavailable):
-            await pool.acquire()
+            await pool.take()
         assert pool.health() == "sandboxes fail to start: no runtime here"
         assert samples(metrics)["mcp_sandbox_sandbox_start_failures_total", ()] >= 2
         failing = False

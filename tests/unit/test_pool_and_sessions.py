@@ -26,7 +26,7 @@ async def test_pool_fills_to_its_size() -> None:
         pool.fill()
         await anyio.sleep(0.1)
         assert len(pool.ready) == 3
-        await pool.acquire()
+        await pool.take()
         await anyio.sleep(0.1)
         assert len(pool.ready) == 3, "the pool refills after a hand-out"
         await pool.close()
@@ -43,7 +43,7 @@ async def test_a_sandbox_that_is_not_reusable_is_closed_not_recycled() -> None:
         kept, spent = RecyclableExecutor(), RecyclableExecutor()
         spent.reusable = False  # as after Executor.renew
         for executor in (kept, spent):
-            await pool.release(executor)
+            await pool.give_back(executor)
         with anyio.fail_after(5):
             while kept not in pool.ready:
                 await anyio.sleep(0.01)
@@ -58,7 +58,7 @@ async def test_waiters_are_served_first_come_first_served() -> None:
         pool = ReadyPool(quick_start, size=0, task_group=group, acquire_timeout=5, max_starting=1)
 
         async def take(number: int) -> None:
-            await pool.acquire()
+            await pool.take()
             order.append(number)
 
         for number in range(4):
@@ -78,7 +78,7 @@ async def test_a_failing_start_reaches_the_waiter_at_once() -> None:
     async with anyio.create_task_group() as group:
         pool = ReadyPool(broken, size=0, task_group=group, acquire_timeout=30)
         with anyio.fail_after(5), pytest.raises(PoolUnavailable, match="no runtime here"):
-            await pool.acquire()
+            await pool.take()
         await pool.close()
         group.cancel_scope.cancel()
 
@@ -95,7 +95,7 @@ async def test_a_single_failed_start_is_retried_for_the_waiter() -> None:
     async with anyio.create_task_group() as group:
         pool = ReadyPool(flaky, size=0, task_group=group, acquire_timeout=30)
         with anyio.fail_after(5):
-            executor = await pool.acquire()
+            executor = await pool.take()
         assert executor.alive and len(attempts) == 2
         await pool.close()
 
@@ -108,7 +108,7 @@ async def test_acquire_gives_up_after_its_timeout() -> None:
     async with anyio.create_task_group() as group:
         pool = ReadyPool(slow, size=0, task_group=group, acquire_timeout=0.1)
         with pytest.raises(PoolUnavailable, match=r"within 0\.1 s"):
-            await pool.acquire()
+            await pool.take()
         await pool.close()
         group.cancel_scope.cancel()
 

@@ -179,7 +179,7 @@ async def test_the_pool_hands_new_sandboxes_to_waiting_principals_in_turn() -> N
         pool = ReadyPool(gated_start, size=0, task_group=group, acquire_timeout=30, max_starting=1)
 
         async def take(principal: str) -> None:
-            await pool.acquire(lend=True, principal=principal)
+            await pool.take(lend=True, principal=principal)
             served.append(principal)
 
         for principal in ("alice", "alice", "alice", "alice", "bob"):
