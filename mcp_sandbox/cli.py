@@ -42,9 +42,8 @@ from mcp_sandbox.doctor import (
     validation_message,
 )
 from mcp_sandbox.errors import Refused
-from mcp_sandbox.oauth import JwksError, JwtVerifier
 from mcp_sandbox.packages import PackageError, fetch_packages
-from mcp_sandbox.principals import FirstOf, StaticTokens, TokensFileError, TokenTable, Verifier
+from mcp_sandbox.principals import FirstOf, JwksError, StaticTokens, TokensFileError, TokenTable, Verifier
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.sandbox import Sandbox
 from mcp_sandbox.server import build_server
@@ -225,6 +224,10 @@ def token_verifier(settings: Settings) -> Verifier | None:
         verifiers.append(StaticTokens(single, table))
     if settings.auth_jwks is not None:
         assert settings.auth_issuer is not None and settings.auth_resource_url is not None  # Settings checks
+        from mcp_sandbox.oauth import (
+            JwtVerifier,
+        )  # PyJWT and cryptography: a tenth of a start, for OAuth only
+
         verifiers.append(JwtVerifier(settings.auth_jwks, settings.auth_issuer, settings.auth_resource_url))
     if not verifiers:
         return None

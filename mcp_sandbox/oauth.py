@@ -14,7 +14,7 @@ from typing import Any
 import anyio.to_thread
 import jwt
 
-from mcp_sandbox.principals import PRINCIPAL_PATTERN, Caller, WatchedFile
+from mcp_sandbox.principals import PRINCIPAL_PATTERN, Caller, JwksError, WatchedFile
 
 logger = logging.getLogger(__name__)
 
@@ -24,10 +24,6 @@ ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES
 LEEWAY_S = 30
 #: Seconds a JWKS fetched from a URL is kept before it is fetched again.
 JWKS_LIFESPAN_S = 300
-
-
-class JwksError(Exception):
-    """The key set cannot be used; the message says why and what to do."""
 
 
 def principal_of_subject(subject: str) -> str:

@@ -38,6 +38,10 @@ class TokensFileError(Exception):
     """The tokens file cannot be used; the message says why and what to do."""
 
 
+class JwksError(Exception):
+    """The OAuth issuer's key set (oauth.py) cannot be used; the message says why and what to do."""
+
+
 def owner(session_key: str) -> str:
     """The principal whose session this is: the inverse of `scoped` (neither a principal's name
     nor a session id holds a "/")."""

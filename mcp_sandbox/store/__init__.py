@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from mcp_sandbox.settings import Settings
 from mcp_sandbox.store.codec import MAGIC
@@ -24,7 +25,9 @@ from mcp_sandbox.store.contract import (
     StoreError,
 )
 from mcp_sandbox.store.directory import DirectoryStore
-from mcp_sandbox.store.redis import RedisStore
+
+if TYPE_CHECKING:
+    from mcp_sandbox.store.redis import RedisStore
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +47,22 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    # redis-py is imported by a server that uses Redis only: it is a twentieth of a start.
+    if name == "RedisStore":
+        from mcp_sandbox.store.redis import RedisStore
+
+        return RedisStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @asynccontextmanager
 async def open_store(settings: Settings) -> AsyncIterator[Store]:
     """The store the settings name (MCP_SANDBOX_STATE_URL or MCP_SANDBOX_STATE_DIR), or a private
     folder removed at exit; closed at exit."""
     if settings.redis_url is not None:
+        from mcp_sandbox.store.redis import RedisStore
+
         redis_store = RedisStore(
             settings.redis_url,
             max_session_bytes=settings.max_state_mb * 2**20,
