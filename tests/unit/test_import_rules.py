@@ -21,3 +21,16 @@ def test_the_import_contracts_are_kept() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 broken" in done.stdout
+
+
+def test_a_server_without_redis_or_oauth_imports_neither_client() -> None:
+    """redis-py and PyJWT are a twentieth and a tenth of a server's start: imported where used."""
+    probe = "import sys, mcp_sandbox.app, mcp_sandbox.cli; print(sorted({'redis', 'jwt'} & set(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+    from mcp_sandbox.store import RedisStore  # still exported, on first use
+
+    assert RedisStore.__name__ == "RedisStore"
