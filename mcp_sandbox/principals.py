@@ -42,12 +42,6 @@ class JwksError(Exception):
     """The OAuth issuer's key set (oauth.py) cannot be used; the message says why and what to do."""
 
 
-def owner(session_key: str) -> str:
-    """The principal whose session this is: the inverse of `scoped` (neither a principal's name
-    nor a session id holds a "/")."""
-    return session_key.rpartition("/")[0]
-
-
 def output_folder(root: Path, principal: str, *, many: bool) -> Path:
     """Where a principal's output files go under MCP_SANDBOX_OUTPUT_DIR: its own folder. The sole
     principal's is the root itself, unless the server has other principals too (`many`): then it

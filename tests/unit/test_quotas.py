@@ -11,7 +11,7 @@ import pytest
 from mcp_sandbox.backends.base import Executor
 from mcp_sandbox.errors import PrincipalLimitReached, Refused
 from mcp_sandbox.pool import ReadyPool
-from mcp_sandbox.principals import SOLE, owner
+from mcp_sandbox.principals import SOLE
 from mcp_sandbox.quotas import MINUTE, SWEEP_AT, Limits, Quotas, RoundRobin
 from mcp_sandbox.sessions import Sessions
 from mcp_sandbox.settings import Settings
@@ -160,11 +160,6 @@ def test_round_robin_takes_principals_in_turn_and_each_first_come_first_served()
     for number in range(5):
         one.append(SOLE, number)
     assert [one.popleft() for _ in range(5)] == [0, 1, 2, 3, 4]
-
-
-def test_owner_inverts_scoped_names() -> None:
-    assert owner("alice/analysis") == "alice"
-    assert owner("analysis") == SOLE
 
 
 async def test_the_pool_hands_new_sandboxes_to_waiting_principals_in_turn() -> None:
