@@ -197,6 +197,13 @@ class Settings(BaseSettings):
         description="pyodide: after a session's first call, its sandbox uses idle time to run a sample "
         "program this many times so V8 compiles Pyodide's hot code (0: off).",
     )
+    pyodide_tier_up: bool = Field(
+        True,
+        description="pyodide: V8 recompiles Pyodide's hot WebAssembly with its optimizing compiler, in "
+        "background threads. false: baseline code only; a runner process then costs about 0.9 CPU-s "
+        "less to start and serve its first call, and Python runs about 3.5x slower. For short-lived "
+        "servers on few cores, such as a test suite's.",
+    )
     isolation: IsolationName = Field(
         "auto",
         description="subprocess: the OS sandbox around each worker. auto: the strongest that works here, "

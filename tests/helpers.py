@@ -38,8 +38,11 @@ TEST_ENV = {
     "MCP_SANDBOX_DEFAULT_PACKAGES": "",
     # No JIT warm-up in idle time (about 2 CPU-s per Pyodide session): the suite's servers would
     # spend a third of CI's two cores on it. The conformance servers (tests/integration/conftest.py)
-    # and test_faults.py's keep the default, so its path is tested where programs are.
+    # and test_faults.py's keep the default (DEFAULT_JIT), so its path is tested where programs are.
     "MCP_SANDBOX_PYODIDE_WARM_UP_ROUNDS": "0",
+    # Baseline WebAssembly code only: V8's optimizing recompilation costs each Pyodide process about
+    # 0.9 CPU-s, and the suite starts hundreds. The same servers as above keep it (DEFAULT_JIT).
+    "MCP_SANDBOX_PYODIDE_TIER_UP": "false",
     # A host secret that must never be visible inside the sandbox.
     "MCP_SANDBOX_TEST_SECRET": "hunter2-host-secret",
     # A checkout run with PYTHONPATH (a git worktree, say): its servers run that code too.
@@ -47,9 +50,10 @@ TEST_ENV = {
 }
 
 
-#: The JIT warm-up as a server has it by default (TEST_ENV turns it off).
-DEFAULT_WARM_UP = {
-    "MCP_SANDBOX_PYODIDE_WARM_UP_ROUNDS": str(Settings.model_fields["pyodide_warm_up_rounds"].default)
+#: V8's tier-up and the JIT warm-up as a server has them by default (TEST_ENV turns both off).
+DEFAULT_JIT = {
+    "MCP_SANDBOX_PYODIDE_WARM_UP_ROUNDS": str(Settings.model_fields["pyodide_warm_up_rounds"].default),
+    "MCP_SANDBOX_PYODIDE_TIER_UP": "true",
 }
 
 
@@ -66,6 +70,7 @@ async def in_memory(**settings: Any) -> AsyncIterator[Client]:
         "interrupt_grace": 1,
         "default_packages": "",
         "pyodide_warm_up_rounds": 0,
+        "pyodide_tier_up": False,
     }
     async with App(Settings(**{**defaults, **settings})) as app, Client(build_server(app)) as client:
         yield client

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from mcp import Client
 
-from tests.helpers import DEFAULT_WARM_UP, server_params
+from tests.helpers import DEFAULT_JIT, server_params
 
 
 @pytest.fixture(scope="module", params=["pyodide", "subprocess", "inprocess"])
@@ -20,5 +20,5 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 async def client(anyio_backend: str, backend: str) -> AsyncIterator[Client]:
-    async with Client(server_params(MCP_SANDBOX_BACKEND=backend, **DEFAULT_WARM_UP)) as connected:
+    async with Client(server_params(MCP_SANDBOX_BACKEND=backend, **DEFAULT_JIT)) as connected:
         yield connected

@@ -17,7 +17,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.helpers import DEFAULT_WARM_UP, call, process_tree, server_params
+from tests.helpers import DEFAULT_JIT, call, process_tree, server_params
 from tests.integration.test_checkpoints import checkpointed
 
 pytestmark = pytest.mark.anyio
@@ -54,7 +54,7 @@ async def client(
         # A process per sandbox: these faults are told apart by the process they cost
         # (test_cohosting.py has them in a shared one).
         MCP_SANDBOX_SANDBOXES_PER_PROCESS="1",
-        **DEFAULT_WARM_UP,  # interrupts must land right with a warm-up round running between calls
+        **DEFAULT_JIT,  # interrupts must land right with a warm-up round running between calls
     )
     async with Client(params) as connected:
         yield connected

@@ -71,7 +71,8 @@ POISON_TARGETS = [
 BACKENDS = ("pyodide", "subprocess", "subprocess-landlock", "subprocess-none", "inprocess")
 #: How each column's server is started: the subprocess backend at each isolation tier.
 SERVER_SETTINGS = {
-    "pyodide": {"MCP_SANDBOX_BACKEND": "pyodide"},
+    # V8's optimizing tier as shipped (TEST_ENV turns it off elsewhere): attacks meet the code users run.
+    "pyodide": {"MCP_SANDBOX_BACKEND": "pyodide", "MCP_SANDBOX_PYODIDE_TIER_UP": "true"},
     "subprocess": {"MCP_SANDBOX_BACKEND": "subprocess", "MCP_SANDBOX_ISOLATION": "bubblewrap"},
     "subprocess-landlock": {"MCP_SANDBOX_BACKEND": "subprocess", "MCP_SANDBOX_ISOLATION": "landlock"},
     "subprocess-none": {"MCP_SANDBOX_BACKEND": "subprocess", "MCP_SANDBOX_ISOLATION": "none"},

@@ -313,7 +313,9 @@ class PyodideBackend(Backend):
             # Lets the runner give its worker, where sandboxed code runs, fewer permissions still.
             "--unstable-worker-options",
             # The JavaScript heap's own cap; WebAssembly memory has its own maximum (memory_max_bytes).
-            f"--v8-flags=--max-old-space-size={self._settings.memory_mb}",
+            f"--v8-flags=--max-old-space-size={self._settings.memory_mb}"
+            # Baseline (Liftoff) code only: no optimizing recompilation in background threads.
+            + ("" if self._settings.pyodide_tier_up else ",--liftoff-only"),
             "--config",
             str(self._runner / "deno.json"),
             # Its token, for the main thread alone: each worker, where sandboxed code runs, has no env.
@@ -351,7 +353,8 @@ class PyodideBackend(Backend):
             init,
             host=host,
             sandbox=sandbox,
-            jit_warm_up_rounds=settings.pyodide_warm_up_rounds,
+            # Without tier-up there is nothing for the warm-up to compile.
+            jit_warm_up_rounds=settings.pyodide_warm_up_rounds if settings.pyodide_tier_up else 0,
         )
         await initialize(executor, settings.start_timeout)
         return executor
