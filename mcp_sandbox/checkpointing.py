@@ -136,10 +136,6 @@ class Checkpoints:
             self._metrics.count_restore(restored is not None, problem)
         return account(found.state, found.latest, restored, problem, found.moved_from)
 
-    def restored(self, session: Session, state: SavedState) -> None:
-        """The session's sandbox now holds checkpoint `state`: it is at that call, saved."""
-        session.calls, session.saved, session.refusal = state.call, Saved(state.call, state.lost), None
-
     async def _lost_with_store(self) -> str | None:
         """Why a session the store has no record of may be one that ran and is gone: the store
         lost its data lately (None: it did not, or that is not known)."""

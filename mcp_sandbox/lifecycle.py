@@ -158,6 +158,18 @@ class Session:
         self._state = state
         return given_up
 
+    def restored(self, executor: Executor, state: SavedState) -> None:
+        """Go live in `executor`, which holds checkpoint `state`: the session is at that call, saved."""
+        self.to(SessionState.LIVE, executor)
+        self.calls, self.saved, self.refusal = state.call, Saved(state.call, state.lost), None
+
+    def give_up(self, state: SessionState) -> Executor:
+        """Move from a live state to `state`, which has no sandbox: the sandbox it had, for the
+        caller to give back or close."""
+        executor = self.to(state)
+        assert executor is not None, f"session {self.session_id!r} had no sandbox to give up"
+        return executor
+
 
 @dataclass
 class Resumed:

@@ -52,24 +52,27 @@ class Sandboxes:
         """A lent sandbox is done with: recycled for the next caller, or closed."""
         await self._pool.give_back(executor, lent=True)
 
-    async def own(self, session: Session) -> Executor | None:
+    async def own(self, session: Session, dead: Executor | None = None) -> Executor | None:
         """The session's live sandbox, once this instance holds its lease (`Leases.hold`): a
         sandbox older than the store's state (another instance ran the session since) goes
-        back, and one found dead between calls is lost."""
+        back, and one found dead between calls is lost. `dead`: found dead as a call was sent,
+        before its program started; a session in which nothing ran yet loses nothing by it."""
         stale = await self._leases.hold(session)
-        if stale and session.executor is not None:
-            await self.take_back(session, SessionState.MOVED)
-        if session.executor is not None and not session.executor.alive:
-            await self.lose(session)
+        executor = session.executor
+        if executor is not None and (stale or executor is dead or not executor.alive):
+            unstarted = executor is dead and not session.calls
+            gone = SessionState.MOVED if stale else SessionState.NEW if unstarted else SessionState.LOST
+            await self._pool.give_back(session.give_up(gone))
         return session.executor
 
     async def after_call(self, session: Session) -> None:
         """A session reset while its call waited or ran gives its sandbox back (it belongs to
         nobody now); one left without a sandbox gives its lease up."""
-        if self._sessions.get(session.session_id) is not session and session.executor is not None:
-            await self.take_back(session)
-        if session.executor is None:
+        reset = not self._open(session)
+        if reset or session.executor is None:
             await self._leases.release(session)
+        if reset and session.executor is not None:
+            await self._pool.give_back(session.give_up(SessionState.NEW))
 
     async def provide(self, session: Session) -> Resumed:
         """Give a session without a sandbox one: from the pool, holding its last checkpoint if it
@@ -94,19 +97,22 @@ class Sandboxes:
 
     async def _resume(self, session: Session, renewed: Executor | None) -> Resumed:
         found = await self._checkpoints.find(session)
-        restored = None
+        executor = None
         if found.checkpoint is not None:
-            restored, found.problem = await self._restore(session, found.checkpoint, renewed)
+            executor, found.problem = await self._restore(session, found.checkpoint, renewed)
+        restored = found.checkpoint if executor is not None else None
         resumed = await self._checkpoints.said(session, found, restored)
         if resumed.lost:
             await self._checkpoints.start_fresh(session)
+        elif executor is not None and restored is not None:
+            session.restored(executor, restored)
         return resumed
 
     @tracing.traced("mcp_sandbox.restore")
     async def _restore(
         self, session: Session, checkpoint: SavedState, renewed: Executor | None
-    ) -> tuple[SavedState | None, str | None]:
-        """Put `checkpoint` into a sandbox for the session: the checkpoint, or None and why not."""
+    ) -> tuple[Executor | None, str | None]:
+        """Put `checkpoint` into a sandbox for the session: the sandbox, or None and why not."""
         executor = (
             renewed
             if renewed is not None and renewed.alive
@@ -127,37 +133,22 @@ class Sandboxes:
                     await executor.close()
         if refused is not None:
             return None, f"the session's checkpoint could not be restored ({refused.reason})"
-        session.to(SessionState.LIVE, executor)
-        self._checkpoints.restored(session, checkpoint)
-        return checkpoint, None
+        return executor, None
 
     async def take_back(self, session: Session, state: SessionState = SessionState.NEW) -> None:
         """The session gives its sandbox up (reset: new; written out: hibernated; another
         instance took it: moved), back to the pool."""
-        executor = session.to(state)
-        assert executor is not None
-        await self._pool.give_back(executor)
+        await self._pool.give_back(session.give_up(state))
 
     async def lose(self, session: Session, *, keep_renewed: bool = False) -> Executor | None:
         """The session's sandbox lost its state. One renewed in place (Executor.renew) is clean
         again, for this session only: returned with `keep_renewed`, for the session to go on in;
-        else given back, which closes it."""
-        executor = session.to(SessionState.LOST)
-        assert executor is not None
-        if not executor.alive:
-            await executor.close()
-        elif keep_renewed:
+        else given back, which closes it (a dead one too)."""
+        executor = session.give_up(SessionState.LOST)
+        if keep_renewed and executor.alive:
             return executor
-        else:
-            await self._pool.give_back(executor)
+        await self._pool.give_back(executor)
         return None
-
-    async def lose_unstarted(self, session: Session) -> None:
-        """The session's sandbox was found dead as a call was sent, before its program started: it
-        is lost; a session in which nothing ran yet loses nothing, and is new again."""
-        await self.lose(session)
-        if not session.calls:
-            session.to(SessionState.NEW)
 
     async def close(self, session: Session) -> None:
         """Stop the session's sandbox at once, whatever runs in it (a reset during a call; a stop)."""

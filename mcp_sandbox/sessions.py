@@ -212,14 +212,14 @@ class Sessions:
                 self._checkpoints.when_idle(session)
 
     async def _get_sandbox(
-        self, session: Session, principal: str, stop: anyio.Event
+        self, session: Session, principal: str, stop: anyio.Event, dead: Executor | None = None
     ) -> tuple[Executor, Resumed]:
-        """This instance's lease on the session, then its sandbox: its own, or a new one holding
-        its checkpoint (or a clean one), with what the call's result must say about that. Raises
-        SessionElsewhere, StoreUnavailable, and PrincipalLimitReached when `principal` holds as
-        many sandboxes as it may."""
+        """This instance's lease on the session, then its sandbox: its own (unless it is `dead`),
+        or a new one holding its checkpoint (or a clean one), with what the call's result must
+        say about that. Raises SessionElsewhere, StoreUnavailable, and PrincipalLimitReached when
+        `principal` holds as many sandboxes as it may."""
         async with stopped_by(stop):
-            executor = await self._sandboxes.own(session)
+            executor = await self._sandboxes.own(session, dead)
             if executor is not None:
                 return executor, Resumed()
             with self._quotas.taking_sandbox(principal, self._held_by(principal)[1]):
@@ -236,8 +236,7 @@ class Sessions:
         result = await self._run_in(executor, call)
         if not (executor.found_dead and result.session_lost and resumed.said_nothing):
             return result, executor, resumed
-        await self._sandboxes.lose_unstarted(session)
-        executor, resumed = await self._get_sandbox(session, principal, call.stop)
+        executor, resumed = await self._get_sandbox(session, principal, call.stop, dead=executor)
         return await self._run_in(executor, call), executor, resumed
 
     async def _settle(
