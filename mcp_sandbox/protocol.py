@@ -437,6 +437,8 @@ class ReadyMessage(TypedDict):
     load_ms: int
     #: (Pyodide) preloads that failed, each with why: the sandbox serves without them.
     preload_failed: NotRequired[list[str]]
+    #: (Pyodide) the steps of ``load_ms`` in order, each with its milliseconds (the debug log's).
+    phases: NotRequired[list[tuple[str, int]]]
 
 
 class ResultMessage(TypedDict):

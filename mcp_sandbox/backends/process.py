@@ -222,7 +222,14 @@ class ProcessExecutor(Executor):
             raise SandboxDied(message["message"])
         if message["type"] != "ready":
             raise SandboxDied(f"the sandbox sent {message['type']!r} before it was ready")
-        logger.debug("%s sandbox %d ready in %d ms", self.backend, self.pid, message["load_ms"])
+        phases = ", ".join(f"{name} {ms}" for name, ms in message.get("phases", []))
+        logger.debug(
+            "%s sandbox %d ready in %d ms%s",
+            self.backend,
+            self.pid,
+            message["load_ms"],
+            f" ({phases})" if phases else "",
+        )
         for failed in message.get("preload_failed", []):
             if failed not in _said:
                 _said.add(failed)

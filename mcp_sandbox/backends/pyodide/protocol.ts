@@ -158,6 +158,7 @@ export type ReadyMessage = {
   pyodide: string | null;
   load_ms: number;
   preload_failed?: string[];
+  phases?: [string, number][];
 };
 
 export type ResultMessage = {

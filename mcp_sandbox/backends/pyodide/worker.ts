@@ -411,11 +411,20 @@ async function loadImports(code: string): Promise<string[]> {
 
 async function init(message: WorkerInit): Promise<void> {
   const started = performance.now();
+  const phases: [string, number][] = [];
+  let stepStarted = started;
+  const step = (name: string) => {
+    const now = performance.now();
+    phases.push([name, Math.round(now - stepStarted)]);
+    stepStarted = now;
+  };
   const { packagesDir: packages, snapshot } = message;
   const snapshotBytes = snapshot ? readFileSync(snapshot) : undefined;
+  step("snapshot read");
   state.signals = message.signals as Int32Array;
   // Imported here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
   await import("pyodide/pyodide.asm.js");
+  step("pyodide.asm.js");
   hookInstance({
     maxBytes: message.memoryMaxBytes,
     signals: state.signals,
@@ -432,6 +441,7 @@ async function init(message: WorkerInit): Promise<void> {
   });
   // Pyodide keeps a reference to its options: detaching the copied-in snapshot frees ~20 MB.
   snapshotBytes?.buffer.transfer(0);
+  step("Pyodide");
   if (packages) {
     state.packagesDir = packages;
     state.findImports = state.pyodide.pyimport("pyodide.code").find_imports;
@@ -480,7 +490,9 @@ async function init(message: WorkerInit): Promise<void> {
   // The first runs compile much of the runtime lazily (the first takes ~20 ms): do a few before
   // `ready`, in a throwaway interpreter, so a sandbox's first calls from the pool do not pay for it.
   // Every sandbox runs them, a replacement worker too: a checkpoint needs the same clean memory.
+  step("guest runtime");
   state.jitWarmUp(JIT_WARM_UP_ROUNDS_AT_START);
+  step("first rounds");
   hideHostPaths([
     [packages, "/packages"],
     [snapshot, "/snapshot"],
@@ -494,13 +506,16 @@ async function init(message: WorkerInit): Promise<void> {
   guest.report_reaching_past((event: string) => taint(`it used ${event}`));
   const preloadFailed = await preload(message.preload ?? []);
   await settleMessagePorts();
+  step("preload");
   state.clean = new CleanState(state.pyodide, GUEST_DATA, [facade]);
+  step("clean point");
   postRunnerMessage(null, {
     type: "ready",
     python: sys.version.split(" ")[0],
     pyodide: state.pyodide.version,
     load_ms: Math.round(performance.now() - started),
     ...(preloadFailed.length ? { preload_failed: preloadFailed } : {}),
+    phases,
   });
 }
 
