@@ -282,11 +282,27 @@ class _WebServer(uvicorn.Server):
 
 
 async def run_program(settings: Settings, code: str) -> int:
-    """Run one program as `execute_python` would and print its result like a terminal session."""
-    async with Sandbox(settings=settings) as sandbox:
-        result = await sandbox.run(code)
+    """Run one program as `execute_python` would and print its result like a terminal session.
+    Ctrl-C stops it as a cancelled call would, closes its sandbox, and exits 130 quietly."""
+    # Handled here until the sandbox is closed: asyncio's own handler cancels the task once, a
+    # cancel that a program's stop can absorb, and raises KeyboardInterrupt mid-close at a second.
+    with anyio.open_signal_receiver(signal.SIGINT) as ctrl_c:
+        async with Sandbox(settings=settings) as sandbox:
+            with anyio.CancelScope() as running:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(_cancel_at_first, ctrl_c, running)
+                    result = await sandbox.run(code)
+                    group.cancel_scope.cancel()
+    if running.cancel_called:  # the program was stopped (its result says Cancelled): nothing to print
+        return 130
     print_result(result)
     return 0 if result.success else 1
+
+
+async def _cancel_at_first(signals: AsyncIterator[signal.Signals], scope: anyio.CancelScope) -> None:
+    async for _ in signals:
+        scope.cancel()
+        return
 
 
 def print_result(result: ExecutionResult) -> None:

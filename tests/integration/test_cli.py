@@ -109,18 +109,22 @@ def test_ctrl_c_exits_quietly(tmp_path: Path) -> None:
         env=cli_env(MCP_SANDBOX_ISOLATION="none", MCP_SANDBOX_LOG_LEVEL="ERROR"),
     )
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-    # The file says the program is running.
-    process.stdin.write(f"open({str(started)!r}, 'w').close()\nwhile True: pass\n")
+    # The file says the program is running, and which process runs it.
+    process.stdin.write(f"import os\nopen({str(started)!r}, 'w').write(str(os.getpid()))\nwhile True: pass\n")
     process.stdin.close()
     deadline = time.monotonic() + 120
     while not started.exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.05)
     assert started.exists(), f"the program never started: {process.poll()} {process.stderr.read()}"
+    while not started.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker = Path(f"/proc/{started.read_text()}")
     process.send_signal(signal.SIGINT)
     started.unlink()
     # At once: the sandbox is closed and the process exits without the interpreter's teardown.
     assert process.wait(timeout=20) == 130
     assert process.stderr.read() == "" and process.stdout.read() == ""
+    assert not worker.exists(), "the process that ran the program outlived the command"
 
 
 # --- errors: one line on stderr, never a traceback
