@@ -121,8 +121,8 @@ class Checkpoints:
             return "checkpoints are off (MCP_SANDBOX_CHECKPOINTS)"
         return None
 
-    async def said(self, session: Session, found: Found, restored: SavedState | None) -> Resumed:
-        """What the session's next result says, once it has a new sandbox holding `restored`
+    async def said(self, found: Found, restored: SavedState | None) -> Resumed:
+        """What a session's next result says, once it has a new sandbox holding `restored`
         (None: a clean one) (`account`)."""
         problem = found.problem
         if self._store is not None and self.on:

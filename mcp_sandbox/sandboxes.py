@@ -78,7 +78,7 @@ class Sandboxes:
         """Give a session without a sandbox one: from the pool, holding its last checkpoint if it
         has one, else clean; and what the call's result must say about that. Idle sessions are
         hibernated first to keep within MCP_SANDBOX_MAX_LIVE_SANDBOXES."""
-        await self.make_room(session)
+        await self.make_room()
         resumed = await self._resume(session, None)
         if session.executor is None:
             session.to(SessionState.LIVE, await self._pool.take(principal=session.principal))
@@ -101,7 +101,7 @@ class Sandboxes:
         if found.checkpoint is not None:
             executor, found.problem = await self._restore(session, found.checkpoint, renewed)
         restored = found.checkpoint if executor is not None else None
-        resumed = await self._checkpoints.said(session, found, restored)
+        resumed = await self._checkpoints.said(found, restored)
         if resumed.lost:
             await self._checkpoints.start_fresh(session)
         elif executor is not None and restored is not None:
@@ -197,15 +197,15 @@ class Sandboxes:
             "session %r, its sandbox dead, handed over to the instance that asked for it", session.session_id
         )
 
-    async def make_room(self, coming: Session) -> None:
-        """Before `coming` takes a sandbox: hibernate the least recently used idle sessions
-        while MCP_SANDBOX_MAX_LIVE_SANDBOXES are live."""
+    async def make_room(self) -> None:
+        """Before a session without a sandbox takes one: hibernate the least recently used idle
+        sessions while MCP_SANDBOX_MAX_LIVE_SANDBOXES are live."""
         limit = self._settings.max_live_sandboxes
         if not limit or not self._checkpoints.on:
             return
 
         def live() -> list[Session]:
-            return [s for s in self._sessions.values() if s.live and s is not coming]
+            return [s for s in self._sessions.values() if s.live]
 
         for session in sorted(live(), key=lambda s: s.last_used):
             if len(live()) < limit:

@@ -10,12 +10,12 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import anyio
 import anyio.abc
 
 from mcp_sandbox.backends.base import Backend, Executor
+from mcp_sandbox.calls import Call, reporting
 from mcp_sandbox.checkpointing import Checkpoints, checkpoints_on
 from mcp_sandbox.errors import SessionLimitReached
 from mcp_sandbox.leases import ASKS_INTERVAL_S, Leases, Renewal
@@ -32,21 +32,6 @@ from mcp_sandbox.stopping import stopped_by
 from mcp_sandbox.store import Store, StoreError
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Call:
-    """One call's program and what it runs under: its timeout, the event that stops it (its
-    caller went away), and whom to tell its progress."""
-
-    code: str
-    timeout: float
-    stop: anyio.Event
-    relay: ProgressRelay | None
-
-    def waiting(self, what: str) -> None:
-        if self.relay is not None:
-            self.relay.waiting(what)
 
 
 class Sessions:
@@ -147,15 +132,10 @@ class Sessions:
         stop = stop or anyio.Event()
         relay = ProgressRelay(progress, self._timings.progress_interval) if progress is not None else None
         call = Call(code, timeout, stop, relay)
-        async with _reporting(call):
-            if session_id is not None:
-                session = self._open(session_id, principal)
-                async with self._holding(session, call):
-                    executor, resumed = await self._get_sandbox(session, principal, call.stop)
-                    result, executor, resumed = await self._run(session, executor, resumed, call, principal)
-                    resumed = await self._settle(session, executor, result, resumed)
-                    return said(result, session, resumed, await self._checkpoints.write_record(session))
-            return await self._run_alone(call, principal)
+        async with reporting(call):
+            if session_id is None:
+                return await self._run_alone(call, principal)
+            return await self._run_in_session(call, session_id, principal)
 
     async def _run_alone(self, call: Call, principal: str) -> ExecutionResult:
         """A call without a session, in a clean sandbox lent for it; once more in another if that
@@ -164,12 +144,28 @@ class Sessions:
             async with stopped_by(call.stop):
                 executor = await self._sandboxes.lend(principal)
             try:
-                result = await self._run_in(executor, call)
+                result = await call.run_in(executor, self._metrics)
             finally:
                 await self._sandboxes.take_back_lent(executor)
             if not executor.found_dead:
                 break
         return result
+
+    async def _run_in_session(self, call: Call, session_id: str, principal: str) -> ExecutionResult:
+        """A call in a session: hold it, get its sandbox, run (once more in a new sandbox if its own
+        turns out to have died between calls, unnoticed until the call was sent: as if the death
+        had been seen first), settle, say."""
+        session = self._open(session_id, principal)
+        async with self._holding(session, call):
+            dead: Executor | None = None
+            for _ in range(2):
+                executor, resumed = await self._get_sandbox(session, principal, call.stop, dead)
+                result = await call.run_in(executor, self._metrics)
+                if not (executor.found_dead and result.session_lost and resumed.said_nothing):
+                    break
+                dead = executor
+            resumed = await self._settle(session, executor, result, resumed)
+            return said(result, session, resumed, await self._checkpoints.write_record(session))
 
     def _open(self, session_id: str, principal: str) -> Session:
         """The session, made if it is new, once the principal's and the server's limits allow."""
@@ -227,18 +223,6 @@ class Sessions:
         assert session.executor is not None
         return session.executor, resumed
 
-    async def _run(
-        self, session: Session, executor: Executor, resumed: Resumed, call: Call, principal: str
-    ) -> tuple[ExecutionResult, Executor, Resumed]:
-        """Run the call. A sandbox that died between calls unnoticed until the call was sent (the
-        program never started) is replaced, and the call runs in the new one, as if the death had
-        been seen first."""
-        result = await self._run_in(executor, call)
-        if not (executor.found_dead and result.session_lost and resumed.said_nothing):
-            return result, executor, resumed
-        executor, resumed = await self._get_sandbox(session, principal, call.stop, dead=executor)
-        return await self._run_in(executor, call), executor, resumed
-
     async def _settle(
         self, session: Session, executor: Executor, result: ExecutionResult, resumed: Resumed
     ) -> Resumed:
@@ -250,14 +234,6 @@ class Sessions:
         session.calls += 1
         await executor.jit_warm_up()
         return resumed
-
-    async def _run_in(self, executor: Executor, call: Call) -> ExecutionResult:
-        if call.relay is not None:
-            call.relay.running()
-        on_output = call.relay.push if call.relay is not None else None
-        result = await executor.run(call.code, call.timeout, call.stop, on_output=on_output)
-        self._metrics.count_lost(result)
-        return result
 
     async def hibernate_idle(self) -> None:
         """Hibernate sessions idle for MCP_SANDBOX_HIBERNATE_AFTER seconds, forever (run it in a task)."""
@@ -335,22 +311,3 @@ class Sessions:
             self._sessions.pop(session.session_id, None)
             await self._sandboxes.close(session)
             await self._leases.release(session)
-
-
-@asynccontextmanager
-async def _reporting(call: Call) -> AsyncIterator[None]:
-    """The call's progress reported while it waits and runs, when its caller asked for it."""
-    if call.relay is None:
-        yield
-        return
-    refused: Exception | None = None
-    async with anyio.create_task_group() as group:
-        group.start_soon(call.relay.report_until_cancelled, call.stop)
-        try:
-            yield
-        except Exception as error:  # noqa: BLE001 - raised below, outside the group, so not wrapped in a group
-            refused = error
-        finally:
-            group.cancel_scope.cancel()
-    if refused is not None:
-        raise refused
