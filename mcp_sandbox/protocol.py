@@ -12,8 +12,11 @@ the Deno runner only the main thread knows it, and sandboxed code never runs the
 sandbox prints itself carries no valid token and is dropped. (The CPython worker keeps the
 token in the sandbox's own process: a program there can forge its own results, as the README's
 security table says.) The Deno runner hosts several sandboxes, each a worker: its host lines
-are ``HostEnvelope``s naming one, and its own envelopes end with ``"sandbox": <int>``.
-Closing the runner's stdin asks it to exit.
+are ``HostEnvelope``s naming one, and its own envelopes end with ``"sandbox": <int>``. Each of
+its host lines is sealed, since any of its sandboxes can read its stdin: the line is base64 of a
+12-byte nonce (a counter the host raises with every line), then the AES-256-GCM ciphertext and
+tag of the envelope's JSON under ``host_line_key(token)``. The runner drops a line that does not
+open. Closing the runner's stdin asks it to exit.
 
     host -> runner                          runner -> host
     init         once, first                ready      the sandbox can run programs
@@ -51,6 +54,7 @@ the first worker handed over on its private channel (``WorkerModule``).
 from __future__ import annotations
 
 import difflib
+import hashlib
 import hmac
 import json
 from typing import Any, Literal, NewType, NotRequired
@@ -117,6 +121,10 @@ CHECKPOINT_FOLDER = ".checkpoints"
 #: thread may read. Never sent on its stdin: node:fs and process.stdin let any of its sandboxes read
 #: that, and a token read there would let one forge lines as any other sandbox of the process.
 RUNNER_TOKEN_ENV = "MCP_SANDBOX_RUNNER_TOKEN"
+#: (Pyodide) What the key of the Deno runner's sealed host lines is made from, with its token.
+HOST_LINE_KEY_LABEL = "mcp-sandbox host lines\n"
+#: (Pyodide) Bytes of a sealed host line's nonce and of its tag.
+HOST_LINE_NONCE_BYTES, HOST_LINE_TAG_BYTES = 12, 16
 #: A program that leaves more files than this in output/ is not scanned further.
 MAX_SCANNED_FILES = 10_000
 #: Longest output file path a guest may report.
@@ -564,6 +572,11 @@ def encode(message: HostMessage, sandbox: int | None = None) -> bytes:
     """One host line: the message itself, or, for a runner of several sandboxes, its envelope."""
     line: HostMessage | HostEnvelope = message if sandbox is None else {"sandbox": sandbox, "msg": message}
     return json.dumps(line, ensure_ascii=False).encode() + b"\n"
+
+
+def host_line_key(token: str) -> bytes:
+    """(Pyodide) The AES-256 key of the host lines to the Deno runner whose token is ``token``."""
+    return hashlib.sha256((HOST_LINE_KEY_LABEL + token).encode()).digest()
 
 
 def envelope_prefix(token: str) -> str:

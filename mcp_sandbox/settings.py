@@ -95,9 +95,9 @@ class Settings(BaseSettings):
         "principal. A new sandbox in a running process starts in a fraction of a new process's time and "
         "shares its compiled code; a process-wide failure (a V8 heap out of memory, or one of them ending "
         "it) costs all of them their live state (each session comes back from its checkpoint, saying so). "
-        "Any of them can read the host's messages to the others, their code and tool replies "
-        "(docs/security.md, co-hosted sandboxes): more than 1 only where one principal's sessions trust "
-        "each other. 1: a process each.",
+        "None reads the host's messages to the others (they are sealed), but any of them can take them, "
+        "so that a call waits out its timeout (docs/security.md, co-hosted sandboxes): more than 1 where "
+        "one principal's sessions may cost each other a call. 1: a process each.",
     )
     allow_net: str | None = Field(
         None,

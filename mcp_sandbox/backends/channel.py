@@ -1,10 +1,12 @@
 """The runner channel: the host's end of one sandbox's messages. A runner process's stdin and
 stdout are its pipe (`RunnerPipe`), which may carry several sandboxes' messages: host messages go
-out as protocol lines, runner messages come in inside token envelopes, each to the channel of
-the sandbox it names, validated against the protocol."""
+out as protocol lines (sealed, to a runner whose sandboxes can read its stdin), runner messages
+come in inside token envelopes, each to the channel of the sandbox it names, validated against
+the protocol."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol, overload
@@ -13,6 +15,7 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import Field, TypeAdapter, ValidationError
 
 from mcp_sandbox import protocol
@@ -52,11 +55,26 @@ class Watch(Protocol):
     async def report(self) -> SandboxDied: ...
 
 
+class Sealer:
+    """Seals host lines for a runner whose sandboxes can read its stdin: they read only what they
+    cannot open (`protocol.host_line_key`). Each line takes the next nonce, so seal in send order."""
+
+    def __init__(self, token: str) -> None:
+        self._aead = AESGCM(protocol.host_line_key(token))
+        self._sent = 0
+
+    def seal(self, line: bytes) -> bytes:
+        self._sent += 1
+        nonce = self._sent.to_bytes(protocol.HOST_LINE_NONCE_BYTES, "big")
+        return base64.b64encode(nonce + self._aead.encrypt(nonce, line.rstrip(b"\n"), None)) + b"\n"
+
+
 class RunnerPipe:
     """A runner process's stdin and stdout. Only lines in the envelope of the process's `token`
     are the runner's: anything else on stdout was written by sandboxed code, and is dropped. Each
-    genuine message goes to the channel of the sandbox its envelope names (`enveloped`: host lines
-    name their sandbox too; else the runner hosts one, number 0)."""
+    genuine message goes to the channel of the sandbox its envelope names (`enveloped`: the runner
+    hosts several sandboxes, which can read its stdin: host lines name their sandbox, and are
+    sealed; else it hosts one, number 0)."""
 
     def __init__(
         self, process: anyio.abc.Process, watch: ProcessWatch, token: str, max_line: int, *, enveloped: bool
@@ -66,6 +84,7 @@ class RunnerPipe:
         self._token = token
         self._max_line = max_line
         self._enveloped = enveloped
+        self._sealer = Sealer(token) if enveloped else None
         self._routes: dict[
             int, tuple[MemoryObjectSendStream[RunnerMessage | Malformed], Callable[[str], None]]
         ] = {}
@@ -96,7 +115,7 @@ class RunnerPipe:
         line = protocol.encode(message, sandbox if self._enveloped else None)
         try:
             async with self._stdin_lock:
-                await self._process.stdin.send(line)
+                await self._process.stdin.send(self._sealer.seal(line) if self._sealer else line)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             raise SandboxDied(self._watch.reason()) from None
 

@@ -10,10 +10,10 @@ it takes from the others. Each attack has a host-side or victim-side check that 
 the secret never comes back, the victim's state is unchanged and it answers in time.
 
 Two things co-hosted sandboxes do share, and docs/security.md says so: the runner's stdin (node's
-fs and process.stdin reach it from any worker; a sandbox can read, and take, the host's messages
-for the others), and the process itself (a sandbox can end it, and the others come back from their
-checkpoints, saying so). Those two tests assert that the attack works, as the harness's
-`NotProtected` does, so the docs stay true until the channel is made private.
+fs and process.stdin reach it from any worker; a sandbox can take the host's messages for the
+others, though it reads them only sealed), and the process itself (a sandbox can end it, and the
+others come back from their checkpoints, saying so). Those two tests assert that the attack works,
+as the harness's `NotProtected` does, so the docs stay true.
 
 One server for the whole module: each attack gets two new sessions in the process an "anchor"
 session keeps alive, and ends them after.
@@ -594,7 +594,7 @@ def runner_token(pid: int) -> str:
 
 #: The attacker asks for the runner's token in the environment, then reads the runner's stdin
 #: through node's fs (its readSync reads fd 0 itself): one byte first, which tears the next line in
-#: two, then whatever the host sends any sandbox of the process, until it has seen `THEFT-STOP`.
+#: two, then whatever the host sends any sandbox of the process, until it holds a whole line.
 READ_STDIN = program("""
     import js, time
     got = ""
@@ -608,21 +608,23 @@ READ_STDIN = program("""
         buffer = js.Uint8Array.new(size)
         return bytes(buffer.subarray(0, fs.readSync(0, buffer)).to_py()).decode(errors="replace")
     print("reading", flush=True)
-    got += read(1)
+    got += "|" + read(1)
     deadline = time.monotonic() + 120
-    while "THEFT-STOP" not in got and time.monotonic() < deadline:
+    while got.count("\\n") < 2 and time.monotonic() < deadline:
         got += read(65536)
     got[-30000:]
 """).replace("@ENV@", RUNNER_TOKEN_ENV)
 
+#: A sealed host line (protocol.py): base64 of a nonce, the ciphertext and its tag.
+SEALED_LINE = re.compile(r"[A-Za-z0-9+/]{40,}={0,2}")
 
-async def test_a_sandbox_reads_the_host_messages_of_the_others(cohosting: Cohosting) -> None:
-    """NOT PROTECTED (docs/security.md): node:fs and process.stdin reach the runner's stdin from
-    any worker, so a sandbox reads, and takes, the host's lines for the others: their code, their
-    tool replies. Each line goes to whichever reader is first. What the attacker tears costs the
-    victim that message (its call times out), not the process; and what it never reads, there or
-    in the environment, is the process's token (RUNNER_TOKEN_ENV), with which it could forge lines
-    as any sandbox."""
+
+async def test_a_sandbox_that_reads_the_runners_stdin_reads_only_sealed_lines(cohosting: Cohosting) -> None:
+    """node:fs and process.stdin reach the runner's stdin from any worker, so a sandbox reads, and
+    takes, the host's lines for the others. They are sealed (protocol.py): what it reads is no
+    other sandbox's code, and none of it opens without the process's token (RUNNER_TOKEN_ENV),
+    which it never finds, there or in the environment. What it takes costs the sandbox whose line
+    that was that message (its call times out), not the process: NOT PROTECTED (docs/security.md)."""
     client = cohosting.client
     async with pair(cohosting, "stdin", seed=False) as both:
         token = runner_token(both.pid)
@@ -642,16 +644,19 @@ async def test_a_sandbox_reads_the_host_messages_of_the_others(cohosting: Cohost
                     break
             else:
                 pytest.fail("the attacker took none of twelve lines")
-            # Then lines on the anchor's sandbox, in the same process, until the attacker reads one.
+            # Then lines on the anchor's sandbox, in the same process, until the attacker has a whole one.
             while not reply:
                 await send(client, "'THEFT-STOP'", "anchor", timeout=3)
         assert reply[0].get("success") is True, f"a torn line ended the process: {reply[0].summary()}"
         captured = ast.literal_eval(str(reply[0].get("result")))
-        # The anchor's `run` line, code and all, as the host sent it to the runner.
-        assert '"code": "\'THEFT-STOP\'"' in captured, (
-            f"the attacker read no other sandbox's line: {captured}"
+        env, _, read = captured.partition("|")
+        whole = read.split("\n")[1:-1]  # the first is torn, the last may be
+        assert whole and all(SEALED_LINE.fullmatch(line) for line in whole), (
+            f"the attacker read lines that are not sealed: {read[:2000]}"
         )
-        assert token not in reply[0].dump(), "the runner's token was on its stdin"
+        for plain in ('"code"', '"type"', "THEFT", token):
+            assert plain not in captured, f"the attacker read {plain!r} on the runner's stdin: {read[:2000]}"
+        assert token not in env, "the attacker found the runner's token in its environment"
     # The victim's sandbox was given up (its call waited for the line it never got), so its process
     # takes no new sandbox: the anchor moves on, and the process ends.
     await reset(client, "anchor")

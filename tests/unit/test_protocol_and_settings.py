@@ -1,12 +1,23 @@
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from mcp_sandbox.app import check_request
+from mcp_sandbox.backends.channel import Sealer
 from mcp_sandbox.errors import InvalidRequest
-from mcp_sandbox.protocol import cap_text, encode, max_line_bytes, open_envelope
+from mcp_sandbox.protocol import (
+    HOST_LINE_NONCE_BYTES,
+    cap_text,
+    encode,
+    host_line_key,
+    max_line_bytes,
+    open_envelope,
+)
 from mcp_sandbox.result import cap_outcome
 from mcp_sandbox.settings import Settings
 from tests.unit.fakes import outcome
@@ -35,6 +46,25 @@ def test_forged_or_malformed_lines_are_refused(line: bytes) -> None:
 def test_encode_is_one_line() -> None:
     encoded = encode({"type": "run", "id": 1, "code": "print('a')\nprint('b')"})
     assert encoded.endswith(b"\n") and encoded.count(b"\n") == 1
+
+
+def unseal(sealed: bytes, token: str) -> bytes:
+    """What runner.ts does with a sealed host line."""
+    raw = base64.b64decode(sealed.rstrip(b"\n"), validate=True)
+    nonce = raw[:HOST_LINE_NONCE_BYTES]
+    return AESGCM(host_line_key(token)).decrypt(nonce, raw[HOST_LINE_NONCE_BYTES:], None)
+
+
+def test_a_sealed_host_line_is_one_line_that_opens_with_its_token_only() -> None:
+    line = encode({"type": "run", "id": 1, "code": "secret = 42\nprint(secret)"}, 3)
+    sealer = Sealer("abc")
+    first, second = sealer.seal(line), sealer.seal(line)
+    assert first.endswith(b"\n") and first.count(b"\n") == 1
+    assert b"secret" not in base64.b64decode(first)
+    assert first != second, "the same line sealed twice must differ (a nonce per line)"
+    assert unseal(first, "abc") == unseal(second, "abc") == line.rstrip(b"\n")
+    with pytest.raises(InvalidTag):
+        unseal(first, "abd")
 
 
 def test_max_line_allows_a_full_result() -> None:

@@ -18,6 +18,9 @@ export const DATA_DIR = "data";
 export const PASSING_KINDS = ["progress", "tool_call", "describe", "ready", "fatal"] as const;
 export const REPLY_INTERRUPTED = '{"ok": false, "interrupted": true}';
 export const RUNNER_TOKEN_ENV = "MCP_SANDBOX_RUNNER_TOKEN";
+export const HOST_LINE_KEY_LABEL = "mcp-sandbox host lines\n";
+export const HOST_LINE_NONCE_BYTES = 12;
+export const HOST_LINE_TAG_BYTES = 16;
 
 export type OutputLimits = {
   max_files: number;

@@ -5,14 +5,21 @@
 // The main thread never runs sandboxed code, so it stays free to read an `interrupt`
 // while a worker is busy, and it alone knows the process's token that marks genuine lines on
 // stdout: code in a worker can write to stdout (and read stdin: node:fs reaches both), but cannot
-// forge a token, which comes from this thread's environment, never from stdin. Each worker's
-// messages are read from its own Worker object, so whatever a worker posts acts for its sandbox
-// only: the sandbox number on its lines is this thread's, never the worker's.
+// forge a token, which comes from this thread's environment, never from stdin. The host seals its
+// lines with a key made from the token, so a worker that reads stdin learns nothing of what the
+// host sends the others. Each worker's messages are read from its own Worker object, so whatever a
+// worker posts acts for its sandbox only: the sandbox number on its lines is this thread's, never
+// the worker's.
+import { Buffer } from "node:buffer";
+import { createDecipheriv, createHash } from "node:crypto";
 import {
   type CheckpointedMessage,
   type ControlAnswer,
   type ControlRequest,
   type CrashedMessage,
+  HOST_LINE_KEY_LABEL,
+  HOST_LINE_NONCE_BYTES,
+  HOST_LINE_TAG_BYTES,
   type HostEnvelope,
   type HostMessage,
   type InitMessage,
@@ -49,6 +56,24 @@ if (!token) {
   console.error(`the runner needs its token in ${RUNNER_TOKEN_ENV}`);
   Deno.exit(2);
 }
+const lineKey = createHash("sha256").update(HOST_LINE_KEY_LABEL + token).digest();
+// A sealed host line's envelope (protocol.py), or null for one that does not open: a line a sandbox
+// tore by reading part of stdin itself.
+function unseal(line: string): HostEnvelope | null {
+  const sealed = Buffer.from(line, "base64");
+  if (sealed.length < HOST_LINE_NONCE_BYTES + HOST_LINE_TAG_BYTES) return null;
+  const nonce = sealed.subarray(0, HOST_LINE_NONCE_BYTES);
+  try {
+    const decipher = createDecipheriv("aes-256-gcm", lineKey, nonce);
+    decipher.setAuthTag(sealed.subarray(sealed.length - HOST_LINE_TAG_BYTES));
+    const body = sealed.subarray(HOST_LINE_NONCE_BYTES, sealed.length - HOST_LINE_TAG_BYTES);
+    const json = Buffer.concat([decipher.update(body), decipher.final()]).toString("utf8");
+    return JSON.parse(json) as HostEnvelope;
+  } catch {
+    return null;
+  }
+}
+
 // Pyodide's compiled WebAssembly, handed over by the first worker: every later one starts from it,
 // so V8's compiled and optimised code is shared, and kept across crashes.
 let compiled: WebAssembly.Module | null = null;
@@ -448,15 +473,10 @@ for await (const chunk of Deno.stdin.readable) {
     const line = pending.slice(0, newline);
     pending = pending.slice(newline + 1);
     if (!line.trim()) continue;
-    let envelope: HostEnvelope;
-    try {
-      envelope = JSON.parse(line) as HostEnvelope;
-    } catch {
-      // A line torn by a sandbox that read part of stdin itself (node:fs reaches it): that message
-      // is lost, not the process and every sandbox in it.
-      continue;
-    }
-    handle(envelope);
+    // A line torn by a sandbox that read part of stdin itself (node:fs reaches it) does not open:
+    // that message is lost, not the process and every sandbox in it.
+    const envelope = unseal(line);
+    if (envelope !== null) handle(envelope);
   }
 }
 // The host closed stdin: it is done with these sandboxes.

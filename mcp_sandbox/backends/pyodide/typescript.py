@@ -44,6 +44,9 @@ CONSTANTS = (
     "PASSING_KINDS",
     "REPLY_INTERRUPTED",
     "RUNNER_TOKEN_ENV",
+    "HOST_LINE_KEY_LABEL",
+    "HOST_LINE_NONCE_BYTES",
+    "HOST_LINE_TAG_BYTES",
 )
 #: The types, in the order the file declares them (unions after their members).
 TYPES = (
