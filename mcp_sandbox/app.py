@@ -152,6 +152,7 @@ class App:
         )
         task_group.start_soon(sessions.expire_idle)
         task_group.start_soon(sessions.hibernate_idle)
+        task_group.start_soon(sessions.move_out)
         task_group.start_soon(sessions.renew_leases)
         task_group.start_soon(sessions.answer_asks)
         logger.info(

@@ -225,5 +225,19 @@ class Sandboxes:
                 if session.live and session.last_used < deadline:
                     await self.hibernate(session)
 
+    async def move_out(self, interval: float) -> None:
+        """Hibernate idle sessions whose sandbox's process is retiring, forever (run it in a task):
+        it ends with its last sandbox, and until then what a program left spinning in it, which
+        nothing could stop, keeps a core busy. Each session comes back in another sandbox at its
+        next call, whole; one whose state cannot be carried whole stays."""
+        if not self._checkpoints.on:
+            return
+        while True:
+            await anyio.sleep(interval)
+            for session in list(self._sessions.values()):
+                if session.executor is not None and session.executor.moving_out:
+                    await self.hibernate(session)
+            self._pool.fill()  # ready sandboxes in such a process are closed, never handed out
+
     def _open(self, session: Session) -> bool:
         return self._sessions.get(session.session_id) is session

@@ -239,6 +239,10 @@ class Sessions:
         """Hibernate sessions idle for MCP_SANDBOX_HIBERNATE_AFTER seconds, forever (run it in a task)."""
         await self._sandboxes.hibernate_idle(self._timings.sweep_interval)
 
+    async def move_out(self) -> None:
+        """Move idle sessions out of processes that are retiring, forever (run it in a task)."""
+        await self._sandboxes.move_out(self._timings.sweep_interval)
+
     async def renew_leases(self) -> None:
         """Renew the leases of live sessions, forever (run it in a task)."""
         if not self._leases.on:

@@ -255,6 +255,12 @@ class Executor(ABC):
     async def close(self) -> None:
         """Stop the sandbox and free everything it holds. Safe to call twice."""
 
+    @property
+    def moving_out(self) -> bool:
+        """Its process takes no new work and ends with its last sandbox (it may still run code it
+        could not stop): a session in it should move to another sandbox once idle."""
+        return False
+
     def serves(self, principal: str) -> bool:
         """Whether it may be handed to `principal`'s call: a sandbox that shares its process with
         others serves only the principal of those handed out."""

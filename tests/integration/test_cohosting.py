@@ -1,7 +1,7 @@
 """Several Pyodide sandboxes in one Deno process, through a real MCP client against the real server:
 each keeps its own state, a crash, a kill or a JavaScript loop in one leaves the others answering,
 a process-wide death brings every session back from its checkpoint saying so, and a process that
-may still run code it could not stop takes no new sandbox and ends with its sessions."""
+may still run code it could not stop takes no new sandbox, moves its idle sessions out and ends."""
 
 from __future__ import annotations
 
@@ -85,6 +85,28 @@ async def test_a_crash_a_kill_and_a_javascript_loop_leave_the_others_answering()
             while host in runners(process.pid):
                 await anyio.sleep(0.1)
         assert (await call(client, "y", session_id="new"))["result"] == "1"
+
+
+async def test_a_process_that_may_run_on_moves_its_idle_sessions_out_and_ends() -> None:
+    """A JavaScript loop nothing stops (deno#35657) keeps a core busy until its process ends: the
+    process's idle sessions are hibernated, unasked, so it ends without waiting for them, and each
+    comes back whole at its next call, in another process."""
+    env = {"MCP_SANDBOX_SANDBOXES_PER_PROCESS": "4", "MCP_SANDBOX_POOL_SIZE": "0"}
+    async with http_server(**env) as (port, process), Client(f"http://127.0.0.1:{port}/mcp") as client:
+        names = ["loop", "a", "b"]
+        for i, name in enumerate(names):
+            await call(client, f"x = {i} + 40", session_id=name)
+        (host,) = runners(process.pid)
+        looped = await call(client, "import js\njs.eval('while (true) {}')", session_id="loop", timeout=1)
+        assert looped["status"] == "timeout" and looped["session_lost"] is True, looped
+        with anyio.fail_after(60):
+            while host in runners(process.pid):
+                await anyio.sleep(0.1)
+        for i, name in enumerate(names[1:], start=1):
+            got = await call(client, "x", session_id=name)
+            assert got["result"] == str(i + 40), got
+            assert not got["session_lost"] and not got["session_restored"], "hibernated and back whole"
+        assert host not in runners(process.pid)
 
 
 async def test_a_process_that_dies_brings_each_of_its_sessions_back_saying_so(tmp_path: Path) -> None:

@@ -506,6 +506,10 @@ class PyodideExecutor(ProcessExecutor):
     def reusable(self, value: bool) -> None:
         self._reusable = value
 
+    @property
+    def moving_out(self) -> bool:
+        return self._host.retiring
+
     def serves(self, principal: str) -> bool:
         return self._host.serves(principal)
 
