@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 
 #: Failed starts in a row before a waiter is told: one may be a sandbox killed while starting.
 FAILURES_BEFORE_TELLING = 2
+#: Seconds a refill waits after the take that made room for it (a caller that waits gets a start
+#: of its own at once): a start takes a core, and would slow the taker's first call.
+REFILL_DELAY = 0.1
 
 
 def _named(executor: Executor) -> str:
@@ -123,7 +126,9 @@ class ReadyPool:
         whose: list[str | None] = [*self._waiters.principals()]
         for _ in range(max(0, wanted)):
             self._starting += 1
-            self._task_group.start_soon(self._start_one, whose.pop(0) if whose else None)
+            principal = whose.pop(0) if whose else None
+            refill = principal is None and self._started_any
+            self._task_group.start_soon(self._start_one, principal, refill)
 
     @traced("mcp_sandbox.sandbox_wait")
     async def take(self, *, lend: bool = False, principal: str = SOLE) -> Executor:
@@ -228,7 +233,9 @@ class ReadyPool:
             f"retry in about {self._acquire_timeout:g} s, or send fewer calls at once"
         )
 
-    async def _start_one(self, principal: str | None) -> None:
+    async def _start_one(self, principal: str | None, refill: bool = False) -> None:
+        if refill:
+            await anyio.sleep(REFILL_DELAY)
         try:
             async with self._start_slots:
                 if delay := self._backoff.delay:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from mcp_sandbox.backends.base import Executor, NotDone, SandboxStartError
@@ -27,8 +28,38 @@ async def test_pool_fills_to_its_size() -> None:
         await anyio.sleep(0.1)
         assert len(pool.ready) == 3
         await pool.take()
-        await anyio.sleep(0.1)
-        assert len(pool.ready) == 3, "the pool refills after a hand-out"
+        with anyio.fail_after(5):  # the pool refills after a hand-out
+            while len(pool.ready) < 3:
+                await anyio.sleep(0.01)
+        await pool.close()
+
+
+async def test_a_refill_waits_out_the_takers_first_call_and_a_waiting_caller_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A start takes a core: the one that refills the pool after a take waits REFILL_DELAY, so as
+    not to slow the taker's first call, while a caller that waits gets a start at once."""
+    monkeypatch.setattr("mcp_sandbox.pool.REFILL_DELAY", 60)
+    starts: list[str | None] = []
+
+    async def start(principal: str | None = None) -> Executor:
+        starts.append(principal)
+        return FakeExecutor()
+
+    async with anyio.create_task_group() as group:
+        pool = ReadyPool(start, size=1, task_group=group, acquire_timeout=10)
+        pool.fill()
+        with anyio.fail_after(5):
+            while not pool.ready:
+                await anyio.sleep(0.01)
+        assert len(starts) == 1, "the first fill starts at once"
+        await pool.take()
+        for _ in range(20):
+            await anyio.lowlevel.checkpoint()
+        assert len(starts) == 1, "the refill started at once, beside the taker's first call"
+        with anyio.fail_after(5):
+            await pool.take()  # a caller waits: a start for it, now
+        assert len(starts) == 2, "the refill is still waiting"
         await pool.close()
 
 
