@@ -88,7 +88,7 @@ class Settings(BaseSettings):
         "memory's maximum (MemoryError past it) and V8 heap, with a host-side watchdog as the last resort.",
     )
     sandboxes_per_process: int = Field(
-        1,
+        4,
         ge=1,
         le=64,
         description="pyodide: sandboxes one Deno process hosts, each a worker of its own, all of one "
@@ -97,7 +97,8 @@ class Settings(BaseSettings):
         "it) costs all of them their live state (each session comes back from its checkpoint, saying so). "
         "None reads the host's messages to the others (they are sealed), but any of them can take them, "
         "so that a call waits out its timeout (docs/security.md, co-hosted sandboxes): more than 1 where "
-        "one principal's sessions may cost each other a call. 1: a process each.",
+        "one principal's sessions may cost each other a call. 4 (bench/README.md): under a mixed load with "
+        "crashes, less than half the CPU of a process each; 1: a process each.",
     )
     allow_net: str | None = Field(
         None,
