@@ -35,6 +35,24 @@ def runners(server: int) -> list[int]:
     return [pid for pid, command in process_tree(server).items() if b"runner.ts" in command]
 
 
+def checkpointing_env(state: Path) -> dict[str, str]:
+    """Four sandboxes to a process, none started ahead, checkpoints in `state`."""
+    return {
+        "MCP_SANDBOX_SANDBOXES_PER_PROCESS": "4",
+        "MCP_SANDBOX_POOL_SIZE": "0",
+        "MCP_SANDBOX_STATE_DIR": str(state),
+    }
+
+
+async def checkpointed(client: Client, state: Path, names: list[str]) -> None:
+    """Sessions `names`, each with `x` = 40 + its place in the list, once each has a checkpoint."""
+    for i, name in enumerate(names):
+        await call(client, f"x = {i} + 40", session_id=name)
+    with anyio.fail_after(30):
+        while not all(state_file(state, name).exists() for name in names):
+            await anyio.sleep(0.1)
+
+
 async def test_sessions_of_one_principal_share_a_process_each_with_its_own_state() -> None:
     env = {"MCP_SANDBOX_SANDBOXES_PER_PROCESS": "4", "MCP_SANDBOX_POOL_SIZE": "1"}
     async with http_server(**env) as (port, process), Client(f"http://127.0.0.1:{port}/mcp") as client:
@@ -95,18 +113,10 @@ async def test_a_process_that_may_run_on_moves_its_idle_sessions_out_and_ends(tm
     process's idle sessions are hibernated, unasked, so it ends without waiting for them, and each
     comes back whole at its next call, in another process."""
     state = tmp_path / "state"
-    env = {
-        "MCP_SANDBOX_SANDBOXES_PER_PROCESS": "4",
-        "MCP_SANDBOX_POOL_SIZE": "0",
-        "MCP_SANDBOX_STATE_DIR": str(state),
-    }
+    env = checkpointing_env(state)
     async with http_server(**env) as (port, process), Client(f"http://127.0.0.1:{port}/mcp") as client:
         names = ["loop", "a", "b"]
-        for i, name in enumerate(names):
-            await call(client, f"x = {i} + 40", session_id=name)
-        with anyio.fail_after(30):
-            while not state_file(state, "loop").exists():
-                await anyio.sleep(0.1)
+        await checkpointed(client, state, names)
         (host,) = runners(process.pid)
         looped = await call(client, "import js\njs.eval('while (true) {}')", session_id="loop", timeout=5)
         # Its sandbox was given up, and the session came back from its checkpoint elsewhere.
@@ -123,18 +133,10 @@ async def test_a_process_that_may_run_on_moves_its_idle_sessions_out_and_ends(tm
 
 async def test_a_process_that_dies_brings_each_of_its_sessions_back_saying_so(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    env = {
-        "MCP_SANDBOX_SANDBOXES_PER_PROCESS": "4",
-        "MCP_SANDBOX_POOL_SIZE": "0",
-        "MCP_SANDBOX_STATE_DIR": str(state),
-    }
+    env = checkpointing_env(state)
     async with http_server(**env) as (port, process), Client(f"http://127.0.0.1:{port}/mcp") as client:
         names = [f"s{i}" for i in range(3)]
-        for i, name in enumerate(names):
-            await call(client, f"x = {i} + 40", session_id=name)
-        with anyio.fail_after(30):
-            while not all(state_file(state, name).exists() for name in names):
-                await anyio.sleep(0.1)
+        await checkpointed(client, state, names)
         (host,) = runners(process.pid)
         # A process-wide abort (a V8 heap out of memory) ends every sandbox in it at once.
         os.kill(host, signal.SIGKILL)
