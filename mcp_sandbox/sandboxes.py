@@ -159,15 +159,16 @@ class Sandboxes:
         self, session: Session, *, wait_for_checkpoint: bool = False, wait_for_call: bool = False
     ) -> bool:
         """Write an idle session out and give its sandbox back to the pool: whether it was.
-        Never when its state cannot be carried whole (the session then stays live)."""
-        if session.executor is None or self._checkpoints.closing:
+        Never when its state cannot be carried whole (the session then stays live), nor when its
+        sandbox died: its next call finds it lost and says so, though its checkpoint be current."""
+        if session.executor is None or not session.executor.alive or self._checkpoints.closing:
             return False
         if session.lock.locked() and not (
             wait_for_call or (wait_for_checkpoint and session.state is SessionState.CHECKPOINTING)
         ):
             return False  # in a call: not idle
         async with session.lock:
-            if session.executor is None or not self._open(session):
+            if session.executor is None or not session.executor.alive or not self._open(session):
                 return False
             if not await self._checkpoints.save(session):
                 return False
