@@ -46,9 +46,11 @@ SYNC_INTERRUPTED when the run is interrupted.
 Stopping a run uses shared memory too: ``signals`` (an Int32Array of two). The main thread writes
 INTERRUPT_SIGNAL into ``signals[SIGNAL_INTERRUPT]`` (Pyodide's interrupt buffer: KeyboardInterrupt
 in the running Python code) and, for a ``kill``, 1 into ``signals[SIGNAL_KILL]`` (the worker's
-runtime throws at its next check, ending the worker); it then notifies both, waking a sleeping
-program. A worker that ends during a run is replaced by a new one, made from the compiled module
-the first worker handed over on its private channel (``WorkerModule``).
+runtime throws at its next check, ending the program); it then notifies both, waking a sleeping
+program. A program ended that way, or by os._exit, leaves the worker to go back to its clean
+point (``WorkerRecycledCrash``). A worker that cannot, or that ends during a run, is replaced by a
+new one, made from the compiled module the first worker handed over on its private channel
+(``WorkerModule``).
 """
 
 from __future__ import annotations
@@ -458,12 +460,15 @@ class ResultMessage(TypedDict):
 class CrashedMessage(TypedDict):
     """The runtime itself failed during run ``id``, or was killed; its state is gone. The
     sandbox is unusable unless ``renewed``: the runner is replacing its worker with a new one in
-    the same process, as clean as a new sandbox, whose ``ready`` (or ``fatal``) follows."""
+    the same process, as clean as a new sandbox, whose ``ready`` (or ``fatal``) follows; or,
+    with ``recycled`` too, the worker put itself back to its clean point (as a ``recycle`` does),
+    and serves again at once, with no ``ready``."""
 
     type: Literal["crashed"]
     id: int | None
     message: str
     renewed: NotRequired[bool]
+    recycled: NotRequired[bool]
 
 
 class FatalMessage(TypedDict):
@@ -727,6 +732,18 @@ class ControlAnswer(TypedDict):
 
     json: str
     blob: NotRequired[Uint8Array]
+
+
+class WorkerRecycledCrash(TypedDict):
+    """Sent unasked on the private channel when the program of run ``id`` ended the interpreter
+    where it stood (os._exit, or the kill flag) and the worker went back to its clean point, so
+    that only the worker's own module can say the sandbox is clean. ``message``: what ended it;
+    ``dataLost`` as in WorkerRecycled. (Had it not been clean, the worker posts the crash as it
+    ends, and is replaced.)"""
+
+    crashed: int
+    message: str
+    dataLost: bool
 
 
 class WorkerModule(TypedDict):

@@ -40,13 +40,21 @@ class SandboxDied(Exception):
     """The sandbox process is gone or unusable; its session's state is lost."""
 
     def __init__(
-        self, message: str, error_type: SandboxErrorType = "SandboxCrash", *, renewed: bool = False
+        self,
+        message: str,
+        error_type: SandboxErrorType = "SandboxCrash",
+        *,
+        renewed: bool = False,
+        recycled: bool = False,
     ) -> None:
         super().__init__(message)
         self.error_type: SandboxErrorType = error_type
         #: The sandbox is replacing what died in place (pyodide: a new worker in the same
         #: process): after `renew` it serves again, clean.
         self.renewed = renewed
+        #: Renewed by going back to its clean point (pyodide: the same worker, recycled): it
+        #: serves again at once, and may go back to the pool.
+        self.recycled = recycled
 
 
 class SandboxStartError(Exception):
@@ -276,10 +284,10 @@ class Executor(ABC):
         """End the running program that ignored its interrupt, losing the sandbox's state but not
         the sandbox: the run then ends in SandboxDied with `renewed`. Returns at once."""
 
-    async def renew(self) -> bool:
-        """Take the sandbox back after SandboxDied with `renewed`: True when it will serve again,
-        clean as a new one (its next request waits until it is ready), for the same caller only
-        (`reusable`); False when it cannot (the caller then closes it)."""
+    async def renew(self, died: SandboxDied) -> bool:
+        """Take the sandbox back after `died` (with `renewed`): True when it will serve again,
+        clean as a new one (its next request waits until it is ready); for the same caller only
+        (`reusable`) unless `died.recycled`; False when it cannot (the caller then closes it)."""
         return False
 
     async def recycle(self) -> NotDone | None:
@@ -421,7 +429,7 @@ class Executor(ABC):
                 self._tool_calls.cancel_all()
             with anyio.move_on_after(grace):
                 return interrupted(finished(await self._await_outcome()))
-            renewed = False
+            death: SandboxDied | None = None
             if self.can_kill:
                 logger.info(
                     "%s sandbox ignored the interrupt for %g s; killing the program", self.backend, grace
@@ -431,8 +439,8 @@ class Executor(ABC):
                     try:
                         return interrupted(finished(await self._await_outcome()))
                     except SandboxDied as died:
-                        renewed = died.renewed
-            if not (renewed and await self.renew()):
+                        death = died
+            if not (death is not None and death.renewed and await self.renew(death)):
                 logger.warning("%s sandbox ignored the interrupt for %g s; killing it", self.backend, grace)
                 await self.close()
             kind, why = stopped_why()
@@ -445,7 +453,7 @@ class Executor(ABC):
                 session_lost=True,
             )
         except SandboxDied as died:
-            if not (died.renewed and await self.renew()):
+            if not (died.renewed and await self.renew(died)):
                 await self.close()
             return ExecutionResult.failure(
                 died.error_type, str(died), backend=self.backend, duration_ms=elapsed_ms(), session_lost=True

@@ -267,8 +267,11 @@ class ProcessExecutor(Executor):
             if message["type"] == "result" and message["id"] == self._run_id:
                 return message["outcome"]
             if message["type"] == "crashed" and message["id"] == self._run_id:
-                renewed = message.get("renewed", False)
-                raise SandboxDied(f"the sandbox crashed: {message['message']}", renewed=renewed)
+                raise SandboxDied(
+                    f"the sandbox crashed: {message['message']}",
+                    renewed=message.get("renewed", False),
+                    recycled=message.get("recycled", False),
+                )
             if message["type"] == "fatal":
                 raise SandboxDied(f"the sandbox runner failed: {message['message']}")
             if message["type"] == "progress":
@@ -354,7 +357,12 @@ class ProcessExecutor(Executor):
         except SandboxDied:
             pass
 
-    async def renew(self) -> bool:
+    async def renew(self, died: SandboxDied) -> bool:
+        # The guest's `tools` went with its state; its JIT warm-up is not needed again: the
+        # compiled code is the same.
+        self._tools_version = -1
+        if died.recycled:
+            return True  # the same worker, back at its clean point: nothing of the program runs on
         # JavaScript the crashed program left running may outlive its worker (a busy loop survives
         # Worker.terminate, deno#35657): the process serves only this caller from now on, and a
         # caller that keeps crashing it gets a new one.
@@ -362,9 +370,6 @@ class ProcessExecutor(Executor):
         self._renewals += 1
         if self._renewals > MAX_RENEWALS:
             return False
-        # The new worker's guest has no `tools` yet; its JIT warm-up is not needed again: the
-        # compiled code it shares with the old one is warm.
-        self._tools_version = -1
         self._renewing = True
         return True
 

@@ -249,15 +249,61 @@ async def test_a_crash_replaces_the_worker_not_the_process(
     assert crashed["error_type"] in {"SandboxCrash", "RecursionError"}, crashed
 
 
-async def test_a_crash_without_a_session_closes_its_sandbox(client: Client) -> None:
+async def test_a_crash_that_ends_its_worker_without_a_session_closes_its_sandbox(client: Client) -> None:
     # Its worker could be replaced, but what crashed may have left a thread running in the
     # process: a renewed sandbox serves only the caller it crashed for, and this one has gone.
+    for _ in range(3):
+        await call(client, "1")  # lent from the pool: a refill still starting is done by now
     sandboxes = sandbox_processes()
-    crashed = await call(client, "import os\nos._exit(3)")
+    crashed = await call(client, "import js\njs.Deno.exit(3)")
     assert crashed["error_type"] == "SandboxCrash", crashed
-    assert not sandboxes <= sandbox_processes(), "the crashed sandbox was kept for other callers"
     for _ in range(4):
         assert (await call(client, "6 * 7"))["result"] == "42"
+    assert not sandboxes <= sandbox_processes(), "the crashed sandbox was kept for other callers"
+
+
+#: Left in the interpreter by a program that is then ended where it stands: none of it may reach
+#: the next caller.
+LEAVE_BEHIND = """
+import builtins, os, sys, types
+builtins.planted = "builtins"
+sys.modules["planted"] = types.ModuleType("planted")
+with open("/tmp/planted", "w") as file:
+    file.write("file")
+"""
+FIND_PLANTED = """
+import builtins, os, sys
+[hasattr(builtins, "planted"), "planted" in sys.modules, os.path.exists("/tmp/planted")]
+"""
+
+
+#: Swallows its interrupt until the kill flag ends it.
+SWALLOWS_SLEEP = SWALLOWS.format(wait="sleep(5)", error="KeyboardInterrupt").replace(
+    "import asyncio", "from time import sleep"
+)
+
+
+@pytest.mark.parametrize(
+    ("end", "timeout", "said"),
+    [("os._exit(3)", 30, "exit(3)"), (SWALLOWS_SLEEP, 0.5, "so it was killed")],
+    ids=["os._exit", "kill-flag"],
+)
+async def test_a_program_ended_where_it_stands_leaves_its_sandbox_clean_for_the_next_caller(
+    client: Client, end: str, timeout: float, said: str
+) -> None:
+    # The worker goes back to its clean point in place: the sandbox serves the next caller without
+    # a session, with nothing of the program left.
+    for _ in range(3):
+        await call(client, "1")  # lent from the pool: a refill still starting is done by now
+    sandboxes = sandbox_processes()
+    for _ in range(2):
+        ended = await call(client, LEAVE_BEHIND + end, timeout=timeout)
+        assert said in ended["error"], ended["error"]
+        assert (await call(client, FIND_PLANTED))["result"] == "[False, False, False]"
+    if end.startswith("os._exit"):
+        # A sandbox whose worker was replaced would be closed, and the pool would start a process.
+        # (A kill whose crash comes later than KILL_WAIT closes its sandbox too: not asserted.)
+        assert sandbox_processes() <= sandboxes, "ending the program cost its sandbox's process"
 
 
 async def test_a_c_loop_that_never_checks_signals_costs_its_process(client: Client, state_dir: Path) -> None:

@@ -99,6 +99,6 @@ class KillableExecutor(FakeExecutor):
     async def kill(self) -> None:
         self.killed.set()
 
-    async def renew(self) -> bool:
+    async def renew(self, died: SandboxDied) -> bool:
         self.renewed += 1
         return self.renews

@@ -519,9 +519,9 @@ class PyodideExecutor(ProcessExecutor):
     def unclaim(self) -> None:
         self._host.unclaim(self._sandbox)
 
-    async def renew(self) -> bool:
-        self._running = False  # the worker that ran it ended itself: nothing of it runs on
-        return await super().renew()
+    async def renew(self, died: SandboxDied) -> bool:
+        self._running = False  # the worker that ran it ended itself, or went back to clean
+        return await super().renew(died)
 
     async def _submit(self, code: str, tools_manifest: str | None) -> None:
         await super()._submit(code, tools_manifest)

@@ -20,11 +20,30 @@ const PAGE = 65_536;
 // Emscripten's own first size for Pyodide's memory, when no snapshot sets it.
 const INITIAL_BYTES = 20_971_520;
 
-// Thrown by the signal check once the kill flag is set: it unwinds through the interpreter,
-// which cannot go on after it, so the worker reports a crash and is replaced.
-export class Killed extends Error {
+// Thrown through the interpreter on purpose, to end a program where it stands. Pyodide passes
+// its own NoGilError on untouched instead of declaring itself dead (its fatal_error), so the
+// worker can put the sandbox back to its clean point, or, if that fails, be replaced.
+export class Unwinding extends Error {
+  constructor(message: string) {
+    super(message);
+    // Not the NoGilError its prototype passes for (whose `name` is read-only).
+    Object.defineProperty(this, "name", { value: "Unwinding", configurable: true });
+  }
+}
+
+// Thrown by the signal check once the kill flag is set, during a run.
+export class Killed extends Unwinding {
   constructor() {
     super("the program ignored its interrupt and was stopped");
+  }
+}
+
+// Thrown by the runtime's exit (os._exit) in place of Emscripten's ExitStatus, which would end
+// the runtime for good.
+export class ProgramExited extends Unwinding {
+  constructor(readonly status: number) {
+    super(`Program terminated with exit(${status})`);
+    Object.defineProperty(this, "name", { value: "Exit" }); // as Pyodide names it
   }
 }
 
@@ -32,6 +51,10 @@ export type InstanceOptions = {
   // The most the memory may grow to: past it, malloc fails and Python raises MemoryError.
   maxBytes?: number;
   signals: Int32Array;
+  // A run is in progress: a kill flag left set between runs is for nobody.
+  running: () => boolean;
+  // The program exited (os._exit): its run ends as a crash, even if a JavaScript frame caught it.
+  exited: (status: number) => void;
   // A module compiled before (by this process's first worker): instantiated instead of the binary.
   module?: WebAssembly.Module;
   // Called with the compiled module once it is instantiated.
@@ -65,12 +88,23 @@ export function hookInstance(options: InstanceOptions): void {
     const instantiate = settings.instantiateWasm;
     if (instantiate) {
       settings.instantiateWasm = (imports, done) => {
+        const api = (settings as { API?: { NoGilError?: typeof Error } }).API;
+        if (api?.NoGilError) Object.setPrototypeOf(Unwinding.prototype, api.NoGilError.prototype);
         const check = imports.env._Py_CheckEmscriptenSignals_Helper as () => number;
         const signals = options.signals;
         imports.env._Py_CheckEmscriptenSignals_Helper = () => {
-          if (Atomics.load(signals, SIGNAL_KILL) !== 0) throw new Killed();
+          if (Atomics.load(signals, SIGNAL_KILL) !== 0 && options.running()) throw new Killed();
           return check();
         };
+        const exit = (code: number) => {
+          options.exited(code);
+          Atomics.store(signals, SIGNAL_KILL, 1); // caught by a JavaScript frame, it ends at the next check
+          throw new ProgramExited(code);
+        };
+        for (const name of ["env", "wasi_snapshot_preview1"]) {
+          const table = (imports as unknown as Record<string, Record<string, unknown> | undefined>)[name];
+          if (table && "proc_exit" in table) table.proc_exit = exit;
+        }
         const restore = options.module ? reuseModule(options.module) : () => {};
         return instantiate(imports, (instance, module) => {
           restore();

@@ -175,6 +175,7 @@ export type CrashedMessage = {
   id: number | null;
   message: string;
   renewed?: boolean;
+  recycled?: boolean;
 };
 
 export type FatalMessage = {
@@ -311,6 +312,12 @@ export type ControlRequest =
 export type ControlAnswer = {
   json: string;
   blob?: Uint8Array;
+};
+
+export type WorkerRecycledCrash = {
+  crashed: number;
+  message: string;
+  dataLost: boolean;
 };
 
 export type WorkerModule = {

@@ -43,6 +43,7 @@ import {
   type WorkerModule,
   type WorkerPost,
   type WorkerRecycled,
+  type WorkerRecycledCrash,
   type WorkerRestore,
 } from "./protocol.ts";
 
@@ -105,7 +106,8 @@ function checkpointPath(folder: string | undefined, file: string): string | null
 function crashOf(json: string, runningId: number | null): CrashedMessage {
   try {
     const message = JSON.parse(json) as RunnerMessage;
-    if (message.type === "crashed") return message;
+    // Only what it says: whether the sandbox is clean is the private channel's to tell.
+    if (message.type === "crashed") return { type: "crashed", id: message.id, message: String(message.message) };
   } catch { /* not JSON: described below */ }
   return { type: "crashed", id: runningId, message: "the sandbox's worker ended" };
 }
@@ -243,6 +245,17 @@ class Sandbox {
     this.worker = this.startWorker();
   }
 
+  // The run's program ended the interpreter, and the worker went back to its clean point itself.
+  private recycledCrash({ crashed: id, message, dataLost }: WorkerRecycledCrash): void {
+    if (id !== this.runningId) return;
+    this.runningId = null;
+    this.pendingSyncCall = null;
+    Atomics.store(this.signals, SIGNAL_INTERRUPT, 0);
+    Atomics.store(this.signals, SIGNAL_KILL, 0);
+    if (dataLost) this.sentData.clear(); // the worker emptied data/: the next run sends all of it
+    this.sendMessage({ type: "crashed", id, message, renewed: true, recycled: true });
+  }
+
   private sendData(target: Worker): void {
     const root = this.init.data_dir;
     if (!root) return;
@@ -291,13 +304,14 @@ class Sandbox {
     const channel = new MessageChannel();
     const port = channel.port1;
     this.control = port;
-    port.onmessage = (event: MessageEvent<ControlAnswer | WorkerModule>) => {
+    port.onmessage = (event: MessageEvent<ControlAnswer | WorkerModule | WorkerRecycledCrash>) => {
       if (port !== this.control) return; // a replaced worker's port
       if ("module" in event.data) {
         compiled ??= event.data.module;
         moduleSettled();
         return;
       }
+      if ("crashed" in event.data) return this.recycledCrash(event.data);
       const answer = this.asked;
       this.asked = null;
       answer?.(event.data);

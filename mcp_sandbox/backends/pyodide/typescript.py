@@ -90,6 +90,7 @@ TYPES = (
     "WorkerKill",
     "ControlRequest",
     "ControlAnswer",
+    "WorkerRecycledCrash",
     "WorkerModule",
     "WorkerMessage",
     "WorkerPost",

@@ -5,9 +5,9 @@
 import { loadPyodide, type PyodideInterface } from "pyodide";
 import { HOME, PYODIDE_OPTIONS } from "./options.ts";
 import { loadGuestModules } from "./modules.ts";
-import { asTheWorker, CleanState, guardRealm, hostSetTimeout, taint } from "./recycle.ts";
+import { asTheWorker, CleanState, guardRealm, hostSetTimeout, type RecycleOutcome, taint } from "./recycle.ts";
 import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
-import { hookInstance, Killed } from "./instance.ts";
+import { hookInstance, Killed, Unwinding } from "./instance.ts";
 import {
   type CheckpointedMessage,
   type ControlAnswer,
@@ -37,6 +37,7 @@ import {
   type WorkerPost,
   type WorkerRecycle,
   type WorkerRecycled,
+  type WorkerRecycledCrash,
   type WorkerRestore,
 } from "./protocol.ts";
 
@@ -88,6 +89,8 @@ type WorkerState = {
 
   // -- The run in progress --
   currentId: number | null;
+  // Its program exited (os._exit), with this status: the run ends as a crash whatever caught it.
+  exitStatus: number | null;
   // It awaits (parked between its awaits), and a waiter for an interrupt is armed (cancelOnInterrupt).
   awaiting: boolean;
   watchingInterrupts: boolean;
@@ -117,6 +120,7 @@ const initial: Partial<WorkerState> = {
   findImports: null,
   importedModules: null,
   currentId: null,
+  exitStatus: null,
   awaiting: false,
   watchingInterrupts: false,
   clean: null,
@@ -137,7 +141,7 @@ const postToMain = self.postMessage.bind(self);
 const stringify = JSON.stringify;
 const portPost = MessagePort.prototype.postMessage;
 
-function answer(reply: ControlAnswer | WorkerModule, transfer: Transferable[] = []): void {
+function answer(reply: ControlAnswer | WorkerModule | WorkerRecycledCrash, transfer: Transferable[] = []): void {
   portPost.call(state.control, reply, { transfer });
 }
 
@@ -428,6 +432,10 @@ async function init(message: WorkerInit): Promise<void> {
   hookInstance({
     maxBytes: message.memoryMaxBytes,
     signals: state.signals,
+    running: () => state.currentId !== null,
+    exited: (status) => {
+      state.exitStatus ??= status;
+    },
     module: message.module as WebAssembly.Module | undefined,
     compiled: (module) => {
       if (!message.module) answer({ module } satisfies WorkerModule);
@@ -565,9 +573,11 @@ function postKilled(id: number): void {
 async function run(message: RunMessage): Promise<void> {
   const id = message.id;
   state.currentId = id;
+  state.exitStatus = null;
   state.ranSinceClean = true;
   let outcome: unknown;
   let problems: string[] = [];
+  let unwound: Unwinding | null = null;
   try {
     // From here on the run awaits (loading packages, then its program's awaits): an earlier run's
     // task may run meanwhile, and an interrupt cancels this run's tasks (cancelOnInterrupt).
@@ -593,11 +603,10 @@ async function run(message: RunMessage): Promise<void> {
       runtime().stackRestore(stack);
     }
   } catch (error) {
-    if (error instanceof Killed || (error as { cause?: unknown }).cause instanceof Killed) {
-      postKilled(id);
-      return;
-    }
-    if ((error as { type?: unknown }).type === "KeyboardInterrupt") {
+    const cause = (error as { cause?: unknown }).cause;
+    if (error instanceof Unwinding || cause instanceof Unwinding) {
+      unwound = error instanceof Unwinding ? error : cause as Unwinding;
+    } else if ((error as { type?: unknown }).type === "KeyboardInterrupt") {
       // The deadline passed before the program began, so the interrupt landed in the runtime's
       // own code: the run was interrupted, as the CPython runners report it.
       outcome = state.interruptedOutcome;
@@ -611,12 +620,31 @@ async function run(message: RunMessage): Promise<void> {
     state.pyodide.setInterruptBuffer(undefined as unknown as Uint8Array);
     state.currentId = null;
   }
+  if (unwound !== null || state.exitStatus !== null) {
+    const exited = state.exitStatus === null ? null : `Exit: Program terminated with exit(${state.exitStatus})`;
+    endUnwound(id, exited ?? unwound!.message);
+    return;
+  }
   if (problems.length) {
     const parsed = JSON.parse(outcome as string);
     parsed.notes = [...problems, ...(parsed.notes ?? [])];
     outcome = JSON.stringify(parsed);
   }
   post(id, `{"type":"result","id":${id},"outcome":${outcome as string}}`);
+}
+
+// The program was ended where it stood (instance.ts's Unwinding): the interpreter is mid-call, so
+// the sandbox goes back to its clean point in place, or, if it cannot, its worker is replaced.
+function endUnwound(id: number, message: string): void {
+  Atomics.store(state.signals, SIGNAL_KILL, 0);
+  // Left set by the promising call that the unwinding cut short (Pyodide's callPyObjectKwargsPromising).
+  (runtime() as unknown as { validSuspender: { value: boolean } }).validSuspender.value = false;
+  const outcome = backToClean();
+  if (outcome.clean) {
+    answer({ crashed: id, message, dataLost: outcome.dataLost } satisfies WorkerRecycledCrash);
+  } else {
+    postRunnerMessage(id, { type: "crashed", id, message }, true);
+  }
 }
 
 // `import pyodide_js` gives only what Pyodide's own Python modules use, not the whole API: the
@@ -635,12 +663,23 @@ function limitPyodideModule(forgetModules: PyCallable): object {
 }
 
 // Recycling (recycle.ts): back to the clean state, in idle time between two callers.
-function recycle(message: WorkerRecycle): void {
-  const started = performance.now();
+function backToClean(): RecycleOutcome {
   state.warmUpLeft = 0;
   const outcome = state.clean === null
     ? { clean: false as const, reason: "it has no clean state" }
     : state.clean.recycle();
+  if (outcome.clean) {
+    state.ranSinceClean = false;
+    // Their files and libraries are gone with the rest; the preloaded ones stay.
+    state.loadedWheels.clear();
+    for (const name of state.cleanWheels) state.loadedWheels.add(name);
+  }
+  return outcome;
+}
+
+function recycle(message: WorkerRecycle): void {
+  const started = performance.now();
+  const outcome = backToClean();
   const reply: WorkerRecycled = {
     type: "recycled",
     id: message.id,
@@ -649,12 +688,6 @@ function recycle(message: WorkerRecycle): void {
     ms: Math.round((performance.now() - started) * 100) / 100,
     dataLost: outcome.clean && outcome.dataLost,
   };
-  if (outcome.clean) {
-    state.ranSinceClean = false;
-    // Their files and libraries are gone with the rest; the preloaded ones stay.
-    state.loadedWheels.clear();
-    for (const name of state.cleanWheels) state.loadedWheels.add(name);
-  }
   answer({ json: stringify(reply) });
 }
 
