@@ -306,6 +306,32 @@ async def test_a_program_ended_where_it_stands_leaves_its_sandbox_clean_for_the_
         assert sandbox_processes() <= sandboxes, "ending the program cost its sandbox's process"
 
 
+#: Leaves a task parked in run_sync on a promise that never settles: its WebAssembly stack stays
+#: suspended, and one resumed after a recycle would write itself over the next caller's memory.
+PARK_A_STACK = """
+import asyncio, js, os
+from pyodide.ffi import run_sync
+async def park():
+    run_sync(js.Promise.new(lambda resolve, reject: None))
+asyncio.ensure_future(park())
+run_sync(asyncio.sleep(0.05))
+"""
+
+
+@pytest.mark.parametrize("end", ["'parked'", "os._exit(0)"], ids=["ends", "exits"])
+async def test_a_program_that_leaves_a_stack_suspended_leaves_its_sandbox_to_nobody(
+    client: Client, end: str
+) -> None:
+    # Neither the pool's recycle nor the one after an exit may put this sandbox back: it is closed.
+    for _ in range(3):
+        await call(client, "1")  # lent from the pool: a refill still starting is done by now
+    sandboxes = sandbox_processes()
+    await call(client, PARK_A_STACK + end)
+    for _ in range(4):
+        assert (await call(client, "6 * 7"))["result"] == "42"
+    assert not sandboxes <= sandbox_processes(), "the sandbox with a suspended stack was kept"
+
+
 async def test_a_c_loop_that_never_checks_signals_costs_its_process(client: Client, state_dir: Path) -> None:
     # No interrupt and no kill flag reaches it: the process is killed, the last resort.
     await checkpointed(client, "x = 41", "c-loop", state_dir)

@@ -6,7 +6,7 @@
 // after pyodide.asm.js is imported and before loadPyodide runs it.
 import { hookCalloc, type Imports, type Instance, restoreCalloc } from "./linker.ts";
 import { SIGNAL_KILL } from "./protocol.ts";
-import { watchFinalizers } from "./recycle.ts";
+import { watchFinalizers, watchSuspensions } from "./recycle.ts";
 
 type Done = (instance: Instance, module: WebAssembly.Module) => void;
 type Settings = {
@@ -101,6 +101,7 @@ export function hookInstance(options: InstanceOptions): void {
           Atomics.store(signals, SIGNAL_KILL, 1); // caught by a JavaScript frame, it ends at the next check
           throw new ProgramExited(code);
         };
+        watchSuspensions(imports.env);
         for (const name of ["env", "wasi_snapshot_preview1"]) {
           const table = (imports as unknown as Record<string, Record<string, unknown> | undefined>)[name];
           if (table && "proc_exit" in table) table.proc_exit = exit;

@@ -63,6 +63,28 @@ const taints = new Set<string>();
 const timers = new Set<ReturnType<typeof setTimeout>>();
 let watching = false;
 
+// WebAssembly stacks suspended by stack switching (run_sync, asyncio.run through it) and not
+// resumed yet. One resumed after a recycle would write its saved C stack and thread state into
+// memory that by then is the clean state, or the next caller's.
+let suspendedStacks = 0;
+
+// Called with the runtime's imports before it is instantiated (instance.ts): Pyodide saves a
+// stack's state as it suspends (`saveState`) and puts it back as it resumes (`restoreState`).
+export function watchSuspensions(env: Record<string, unknown>): void {
+  const save = env.saveState as (() => unknown) | undefined;
+  const restore = env.restoreState as ((state: unknown) => void) | undefined;
+  if (!save || !restore) return;
+  env.saveState = () => {
+    const state = save();
+    if (typeof state === "object" && state !== null && "stackState" in state) suspendedStacks++;
+    return state;
+  };
+  env.restoreState = (state: unknown) => {
+    restore(state);
+    suspendedStacks--;
+  };
+}
+
 // Pyodide's PyProxy finalizers, by token: each calls Py_DecRef on the pointer its proxy was made
 // for, at whatever V8 garbage collection finds the proxy gone. Those registered before the clean
 // point are dropped there (the worker's own proxies, which it let go of during its start): one
@@ -328,6 +350,7 @@ export class CleanState {
   private readonly loadedPackages: Record<string, unknown>;
   private readonly cleanPackages: Record<string, unknown>;
   private readonly onmessage: unknown;
+  private readonly suspendedStacks: number;
   private data: Map<string, NodeRecord> = new Map();
 
   // Taken once the worker is ready and before its first program: from here on, everything a
@@ -354,6 +377,7 @@ export class CleanState {
     this.streams = new Set(FS.streams.flatMap((stream, fd) => (stream ? [fd] : [])));
     this.cwd = FS.cwd();
     this.onmessage = handlerGetter("onmessage")?.call(globalThis);
+    this.suspendedStacks = suspendedStacks;
     // Proxies that Python objects get during a run register with Pyodide's finalizer; after the
     // memory is copied back, their finalizers would free someone else's objects. Those of the start
     // go now (watchFinalizers; watched here too in case the registry was made out of sight).
@@ -409,6 +433,7 @@ export class CleanState {
 
   private whyNot(): string | null {
     if (taints.size) return [...taints][0];
+    if (suspendedStacks !== this.suspendedStacks) return "a program's stack is still suspended, waiting on JavaScript";
     const module = this.module;
     if (module.HEAP8.buffer.byteLength - this.memory.length > MAX_MEMORY_GROWTH) {
       return `its memory grew to ${Math.round(module.HEAP8.buffer.byteLength / 2 ** 20)} MB`;
