@@ -66,6 +66,14 @@ def sandbox_processes() -> set[int]:
     return {pid for pid, command in process_tree(os.getpid()).items() if b"runner.ts" in command}
 
 
+async def settled_processes(client: Client) -> set[int]:
+    """The sandbox processes once a few calls have gone through the pool: each is lent its ready
+    sandbox, so a refill that was still starting is done by then."""
+    for _ in range(3):
+        await call(client, "1")
+    return sandbox_processes()
+
+
 def cpu_seconds(pids: set[int]) -> float:
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0
@@ -252,9 +260,7 @@ async def test_a_crash_replaces_the_worker_not_the_process(
 async def test_a_crash_that_ends_its_worker_without_a_session_closes_its_sandbox(client: Client) -> None:
     # Its worker could be replaced, but what crashed may have left a thread running in the
     # process: a renewed sandbox serves only the caller it crashed for, and this one has gone.
-    for _ in range(3):
-        await call(client, "1")  # lent from the pool: a refill still starting is done by now
-    sandboxes = sandbox_processes()
+    sandboxes = await settled_processes(client)
     crashed = await call(client, "import js\njs.Deno.exit(3)")
     assert crashed["error_type"] == "SandboxCrash", crashed
     for _ in range(4):
@@ -293,9 +299,7 @@ async def test_a_program_ended_where_it_stands_leaves_its_sandbox_clean_for_the_
 ) -> None:
     # The worker goes back to its clean point in place: the sandbox serves the next caller without
     # a session, with nothing of the program left.
-    for _ in range(3):
-        await call(client, "1")  # lent from the pool: a refill still starting is done by now
-    sandboxes = sandbox_processes()
+    sandboxes = await settled_processes(client)
     for _ in range(2):
         ended = await call(client, LEAVE_BEHIND + end, timeout=timeout)
         assert said in ended["error"], ended["error"]
@@ -323,9 +327,7 @@ async def test_a_program_that_leaves_a_stack_suspended_leaves_its_sandbox_to_nob
     client: Client, end: str
 ) -> None:
     # Neither the pool's recycle nor the one after an exit may put this sandbox back: it is closed.
-    for _ in range(3):
-        await call(client, "1")  # lent from the pool: a refill still starting is done by now
-    sandboxes = sandbox_processes()
+    sandboxes = await settled_processes(client)
     await call(client, PARK_A_STACK + end)
     for _ in range(4):
         assert (await call(client, "6 * 7"))["result"] == "42"

@@ -245,12 +245,17 @@ class Sandbox {
     this.worker = this.startWorker();
   }
 
-  // The run's program ended the interpreter, and the worker went back to its clean point itself.
-  private recycledCrash({ crashed: id, message, dataLost }: WorkerRecycledCrash): void {
-    if (id !== this.runningId) return;
+  // No run is in progress any more: a late interrupt or tool reply is for nobody.
+  private forgetRun(): void {
     this.runningId = null;
     this.pendingSyncCall = null;
     Atomics.store(this.signals, SIGNAL_INTERRUPT, 0);
+  }
+
+  // The run's program ended the interpreter, and the worker went back to its clean point itself.
+  private recycledCrash({ crashed: id, message, dataLost }: WorkerRecycledCrash): void {
+    if (id !== this.runningId) return;
+    this.forgetRun();
     Atomics.store(this.signals, SIGNAL_KILL, 0);
     if (dataLost) this.sentData.clear(); // the worker emptied data/: the next run sends all of it
     this.sendMessage({ type: "crashed", id, message, renewed: true, recycled: true });
@@ -393,9 +398,7 @@ class Sandbox {
         this.toWorker(message);
         break;
       case "recycle":
-        this.runningId = null;
-        this.pendingSyncCall = null;
-        Atomics.store(this.signals, SIGNAL_INTERRUPT, 0);
+        this.forgetRun();
         this.ask({ type: "recycle", id: message.id }, ({ json }) => {
           const { dataLost, ...answer } = JSON.parse(json) as WorkerRecycled;
           if (dataLost) this.sentData.clear(); // the worker emptied data/: the next run sends all of it

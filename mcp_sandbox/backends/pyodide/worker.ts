@@ -620,11 +620,8 @@ async function run(message: RunMessage): Promise<void> {
     state.pyodide.setInterruptBuffer(undefined as unknown as Uint8Array);
     state.currentId = null;
   }
-  if (unwound !== null || state.exitStatus !== null) {
-    const exited = state.exitStatus === null ? null : `Exit: Program terminated with exit(${state.exitStatus})`;
-    endUnwound(id, exited ?? unwound!.message);
-    return;
-  }
+  if (state.exitStatus !== null) return endUnwound(id, `Exit: Program terminated with exit(${state.exitStatus})`);
+  if (unwound !== null) return endUnwound(id, unwound.message);
   if (problems.length) {
     const parsed = JSON.parse(outcome as string);
     parsed.notes = [...problems, ...(parsed.notes ?? [])];
@@ -636,7 +633,6 @@ async function run(message: RunMessage): Promise<void> {
 // The program was ended where it stood (instance.ts's Unwinding): the interpreter is mid-call, so
 // the sandbox goes back to its clean point in place, or, if it cannot, its worker is replaced.
 function endUnwound(id: number, message: string): void {
-  Atomics.store(state.signals, SIGNAL_KILL, 0);
   // Left set by the promising call that the unwinding cut short (Pyodide's callPyObjectKwargsPromising).
   (runtime() as unknown as { validSuspender: { value: boolean } }).validSuspender.value = false;
   const outcome = backToClean();
