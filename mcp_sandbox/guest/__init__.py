@@ -31,6 +31,7 @@ from mcp_sandbox.guest.pyodide_worker import (
     interrupted_json,
     js_holders,
     report_reaching_past,
+    reseed,
 )
 from mcp_sandbox.guest.readonly import protect_read_only
 from mcp_sandbox.guest.tools import ToolChannel, ToolError
@@ -55,6 +56,7 @@ __all__ = [
     "note_tasks",
     "protect_read_only",
     "report_reaching_past",
+    "reseed",
     "run_json",
     "save_session",
 ]

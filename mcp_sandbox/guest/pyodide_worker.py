@@ -132,6 +132,20 @@ def forget_modules(top: str) -> None:
         del sys.modules[name]
 
 
+def reseed() -> None:
+    """Give a sandbox fresh from its clean point random numbers of its own. Every sandbox starts
+    from one memory image (the snapshot, then its clean point), which holds the generators that
+    `random` and, when preloaded, NumPy seeded at import: left alone, each caller would draw the
+    same numbers. A restored session keeps its own generators' state, so it is not reseeded."""
+    for name in ("random", "numpy.random"):
+        module = sys.modules.get(name)
+        if module is not None:
+            module.seed()  # from os.urandom, which Pyodide draws from crypto.getRandomValues
+    tempfile: Any = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile._name_sequence = None  # its names come from a generator of its own, made once
+
+
 def interrupted_json() -> str:
     """What a run reports when its interrupt lands in the runner's own code, as JSON text."""
     return dumps(interrupted_outcome(KeyboardInterrupt()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import stat
 from collections.abc import AsyncIterator
@@ -117,6 +118,7 @@ async def test_what_a_session_holds_survives(client: Client, backend: str, state
         "with open('notes.txt', 'w') as f: f.write('kept on disk')\n"
         "import os; os.makedirs('work', exist_ok=True); os.chdir('work')\n"
         "left_open = open('../open.txt', 'w')\n"
+        "import random; random.seed(5); random.random()\n"
     )
     await checkpointed(client, setup, "holds", state_dir)
     killed = await call(client, CRASH, session_id="holds")
@@ -132,6 +134,10 @@ async def test_what_a_session_holds_survives(client: Client, backend: str, state
     if backend == "pyodide":  # its memory carries generators; open files are closed, and said so
         assert "open files" in notes and "open.txt" in notes, killed
         assert (await call(client, "next(counting)", session_id="holds"))["result"] == "4"
+        # A restored session's generator goes on where it was: it is not reseeded as a new sandbox is.
+        seeded = random.Random(5)
+        seeded.random()
+        assert (await call(client, "random.random()", session_id="holds"))["result"] == repr(seeded.random())
     else:  # a pickle cannot carry a generator or an open file: both are named
         assert "cannot be pickled" in notes and "counting" in notes and "left_open" in notes, killed
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 
@@ -99,6 +100,16 @@ async def test_calls_without_a_session_start_clean(client: Client, backend: str)
         client, "import json, builtins\n(hasattr(builtins, 'planted'), json.dumps is None, 'left' in dir())"
     )
     assert check["result"] == "(False, False, False)"
+
+
+async def test_every_caller_draws_random_numbers_of_its_own(client: Client) -> None:
+    draw = "import random\nrandom.getrandbits(64)"
+    sessionless = [(await call(client, draw))["result"] for _ in range(3)]
+    sessions = [(await call(client, draw, session_id=f"dice-{n}"))["result"] for n in range(3)]
+    assert None not in sessionless + sessions
+    assert len(set(sessionless + sessions)) == 6, sessionless + sessions
+    seeded = await call(client, "import random\nrandom.seed(7)\nrandom.random()", session_id="dice-0")
+    assert seeded["result"] == repr(random.Random(7).random())
 
 
 async def test_a_session_is_not_tainted_by_another_one(client: Client, backend: str) -> None:

@@ -60,6 +60,7 @@ type WorkerState = {
   jitWarmUp: PyCallable;
   cancelRun: PyCallable;
   noteTasks: PyCallable;
+  reseed: PyCallable;
   // Names in the session's globals that hold JavaScript objects (a checkpoint's refusal names them).
   jsHolders: PyCallable;
   // A module function taking the channel, never `channel.deliver`: Pyodide caches the proxy of a bound
@@ -492,6 +493,7 @@ async function init(message: WorkerInit): Promise<void> {
   state.runJson = guest.run_json;
   state.cancelRun = guest.cancel_run;
   state.noteTasks = guest.note_tasks;
+  state.reseed = guest.reseed;
   guest.install_waits(waitInterruptibly);
   guest.install_interrupt_handlers();
   state.jitWarmUp = guest.jit_warm_up; // borrowed from the module's proxy, which therefore stays
@@ -574,6 +576,8 @@ async function run(message: RunMessage): Promise<void> {
   const id = message.id;
   state.currentId = id;
   state.exitStatus = null;
+  // A sandbox fresh from its clean point holds the generators every other one starts with.
+  if (!state.ranSinceClean) state.reseed();
   state.ranSinceClean = true;
   let outcome: unknown;
   let problems: string[] = [];
