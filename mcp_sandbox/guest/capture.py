@@ -24,7 +24,7 @@ class CappedText(io.TextIOBase):
         self._kept: list[str] = []
         self._kept_len = 0
         self._partial = ""
-        self._reported = 0.0
+        self._reported = float("-inf")  # the first line goes at once: a clock may start near 0
         self._head_limit = limit - limit // 2
         self._tail_limit = limit // 2
         self._head: list[str] = []

@@ -79,6 +79,21 @@ def test_capped_text_keeps_the_start_whole_when_cut_up_to_its_keep_limit() -> No
     assert CappedText(10).kept() is None
 
 
+def test_the_first_line_printed_is_reported_at_once_even_on_a_clock_near_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A new Pyodide worker's monotonic clock starts at its own start: 0.2 s into a fresh sandbox.
+    now = [0.2]
+    monkeypatch.setattr("mcp_sandbox.guest.capture.monotonic", lambda: now[0])
+    lines: list[str] = []
+    stream = CappedText(1000, on_line=lines.append)
+    stream.write("spinning\n")
+    stream.write("too soon\n")
+    now[0] += 0.6
+    stream.write("later\n")
+    assert lines == ["spinning", "later"]
+
+
 def test_cap_text_short_and_long() -> None:
     assert cap_text("short", 100) == ("short", False)
     capped, cut = cap_text("x" * 1000, 100)
