@@ -659,12 +659,16 @@ class WorkerInit(TypedDict):
     #: The private channel for ControlRequest and ControlAnswer (transferred, never on globalThis).
     control: MessagePort
     packagesDir: NotRequired[str]
-    snapshot: NotRequired[str]
+    #: The memory snapshot's bytes, read once by the main thread, shared by every worker it starts.
+    snapshot: NotRequired[Uint8Array]
     preload: NotRequired[list[str]]
     memoryMaxBytes: NotRequired[int]
     #: Pyodide's compiled WebAssembly, from the first worker (WorkerModule): a replacement
     #: instantiates it instead of compiling the binary again.
     module: NotRequired[WasmModule]
+    #: The process's clean memory, shared (WorkerCleanMemory): a worker whose own clean memory
+    #: differs from it in a few pages only (its start's timestamps) adopts it instead of a copy.
+    cleanMemory: NotRequired[Uint8Array]
 
 
 class DataFile(TypedDict):
@@ -751,6 +755,13 @@ class WorkerModule(TypedDict):
     the main thread to start a replacement worker from."""
 
     module: WasmModule
+
+
+class WorkerCleanMemory(TypedDict):
+    """Sent once on the private channel, at the clean point, by a worker given no clean memory:
+    its own, in shared memory, for the main thread to give every later worker (WorkerInit)."""
+
+    cleanMemory: Uint8Array
 
 
 WorkerMessage = WorkerInit | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage

@@ -444,6 +444,56 @@ MEMORY = REACH + program(
     """
 ).replace("@MARKER@", repr(MARKER))
 
+#: Every SharedArrayBuffer in reach of globalThis and the `pyodide_js` module, by own data
+#: properties and prototypes: a large one would be the process's (the memory snapshot every new
+#: sandbox starts from, the clean memory every sandbox there goes back to), so it is overwritten.
+SHARED = program(
+    """
+    import js, pyodide_js
+    poison = js.eval('''(roots) => {
+      const found = [], seen = new Set(), stack = [...roots];
+      while (stack.length) {
+        let object = stack.pop();
+        if (object instanceof WebAssembly.Memory) object = object.buffer;
+        if (object === null || (typeof object !== "object" && typeof object !== "function")) continue;
+        if (seen.has(object)) continue;
+        seen.add(object);
+        if (object instanceof SharedArrayBuffer) found.push(object);
+        else if (ArrayBuffer.isView(object)) stack.push(object.buffer);
+        else if (!(object instanceof ArrayBuffer)) {
+          let keys = [];
+          try {
+            keys = Reflect.ownKeys(object);
+            stack.push(Reflect.getPrototypeOf(object));
+          } catch { continue; }
+          for (const key of keys) {
+            try { stack.push(Reflect.getOwnPropertyDescriptor(object, key)?.value); } catch {}
+          }
+        }
+      }
+      for (const buffer of found) if (buffer.byteLength > 65536) new Uint8Array(buffer).fill(0xab);
+      return found.map((buffer) => buffer.byteLength);
+    }''')
+    sorted(poison([js.globalThis, pyodide_js]).to_py())
+    """
+)
+
+
+async def the_process_starts_clean(pair: Pair, reply: Reply) -> str | None:
+    """No large shared memory was in reach, and sandboxes started in the process since compute as
+    they should."""
+    sizes = ast.literal_eval(str(reply.get("result")))
+    if any(size > 65536 for size in sizes):
+        return f"the attacker reached the process's shared memory: {sizes} bytes"
+    for round_ in range(2):
+        session = f"after-{pair.attacker}-{round_}"
+        checked = await send(pair.client, "import js\n(int(js.Deno.pid), sum(range(10)))", session, ANSWER_S)
+        await reset(pair.client, session)
+        if checked.get("result") != f"({pair.pid}, 45)":
+            return f"a sandbox started in the process since does not compute: {checked.summary()}"
+    return None
+
+
 ATTACKS: list[CohostAttack] = [
     # 1. the victim's variables, through this interpreter and everything in the worker's realm
     CohostAttack("variables_through_the_realm", REALM, shows_none(SECRET, MESSAGE_SECRET, TOOL_SECRET)),
@@ -458,8 +508,10 @@ ATTACKS: list[CohostAttack] = [
     CohostAttack("broadcast_channel", NESTED + MESSAGES, shows_none(MESSAGE_SECRET)),
     # 4. web storage kept by the process or the Deno dir (a persistent channel between sandboxes)
     CohostAttack("web_storage", NESTED + STORAGE, nothing_stored),
-    # 4. the victim's memory, from this interpreter's own and every buffer in reach
+    # 5. the victim's memory, from this interpreter's own and every buffer in reach
     CohostAttack("memory_of_the_victim", MEMORY, few_markers, timeout=40),
+    # 6. what the process's sandboxes share: its memory snapshot and its clean memory
+    CohostAttack("shared_memory_of_the_process", SHARED, the_process_starts_clean),
 ]
 
 

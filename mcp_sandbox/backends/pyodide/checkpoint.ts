@@ -12,15 +12,11 @@
 // a C callback (ctypes) changed the function table, and it says what else is lost (open files;
 // pending asyncio tasks and timers are JavaScript's too).
 import type { LinkerRecord } from "./linker.ts";
-import { type CleanState, tableLength, taint, taintsSoFar } from "./recycle.ts";
+import { type CleanState, MAX_CLEAN_DRIFT_PAGES, PAGE, tableLength, taint, taintsSoFar } from "./recycle.ts";
 
 const MAGIC = "MCPSCKP2";
-const PAGE = 4096;
 const WORDS_PER_PAGE = PAGE / 4;
 const MASK_BYTES = WORDS_PER_PAGE / 8;
-//: Clean pages allowed to differ between the sandbox that took a checkpoint and the one that
-//: restores it (timestamps taken at start); more means the two did not start the same way.
-const MAX_CLEAN_DRIFT_PAGES = 64;
 const MAX_HEADER_BYTES = 64 * 1024 * 1024;
 
 type FileEntry = {

@@ -256,10 +256,11 @@ export type WorkerInit = {
   syncData: SharedArrayBuffer;
   control: MessagePort;
   packagesDir?: string;
-  snapshot?: string;
+  snapshot?: Uint8Array;
   preload?: string[];
   memoryMaxBytes?: number;
   module?: WebAssembly.Module;
+  cleanMemory?: Uint8Array;
 };
 
 export type DataFile = {
@@ -322,6 +323,10 @@ export type WorkerRecycledCrash = {
 
 export type WorkerModule = {
   module: WebAssembly.Module;
+};
+
+export type WorkerCleanMemory = {
+  cleanMemory: Uint8Array;
 };
 
 export type WorkerMessage =

@@ -6,6 +6,7 @@
 // what can schedule code for later is wrapped before Pyodide loads, and everything reachable from
 // the realm's roots is walked and compared with the clean walk. A sandbox whose realm changed is
 // not recycled; the host replaces it with a new process.
+import { Buffer } from "node:buffer";
 import type { PyodideInterface } from "pyodide";
 import { LinkerClean, type LinkerModule } from "./linker.ts";
 
@@ -56,6 +57,10 @@ type Module = LinkerModule & {
 
 //: A sandbox whose WebAssembly memory grew by more than this is replaced: memory cannot shrink.
 const MAX_MEMORY_GROWTH = 64 * 1024 * 1024;
+export const PAGE = 4096;
+//: Pages in which two sandboxes' clean memories may differ and still be the same clean point: those
+//: holding the timestamps of their starts (8 in Pyodide 0.29.5). More means they did not start alike.
+export const MAX_CLEAN_DRIFT_PAGES = 64;
 
 // What happened since the clean point that makes this sandbox unfit to recycle.
 const taints = new Set<string>();
@@ -266,6 +271,40 @@ function realmChange(clean: Map<object, Shape>): string | null {
   return null;
 }
 
+// This sandbox's clean memory. The process's, when `heap` differs from it in a few pages only (its
+// start's timestamps): those are written over, and one copy serves every sandbox of the process.
+// Else a copy of its own: in shared memory when the process has none yet, to be the process's.
+function cleanMemory(heap: Uint8Array, shared: Uint8Array | undefined): Uint8Array {
+  if (shared !== undefined && shared.length === heap.length) {
+    const pages = differingPages(heap, shared, MAX_CLEAN_DRIFT_PAGES);
+    if (pages !== null) {
+      for (const page of pages) heap.set(shared.subarray(page * PAGE, (page + 1) * PAGE), page * PAGE);
+      return shared;
+    }
+  }
+  const copy = new Uint8Array(shared === undefined ? new SharedArrayBuffer(heap.length) : new ArrayBuffer(heap.length));
+  copy.set(heap);
+  return copy;
+}
+
+// The pages in which `a` and `b` (of one length, whole pages) differ, or null past `most` of them.
+// Halves that compare equal (natively: Buffer's compare) are skipped, so a few pages that differ
+// take a few hundred compares, not a JavaScript loop over every word.
+function differingPages(a: Uint8Array, b: Uint8Array, most: number): number[] | null {
+  const x = Buffer.from(a.buffer, a.byteOffset, a.length);
+  const y = Buffer.from(b.buffer, b.byteOffset, b.length);
+  const pages: number[] = [];
+  const visit = (first: number, count: number): boolean => {
+    const start = first * PAGE;
+    const end = (first + count) * PAGE;
+    if (x.compare(y, start, end, start, end) === 0) return true;
+    if (count === 1) return pages.push(first) <= most;
+    const half = count >> 1;
+    return visit(first, half) && visit(first + half, count - half);
+  };
+  return visit(0, a.length / PAGE) ? pages : null;
+}
+
 // The file system when clean: each node by path, with the times that any change moves.
 export type NodeRecord = { node: FSNode; mode: number; ctime: number; mtime: number; atime: number };
 
@@ -354,11 +393,13 @@ export class CleanState {
   private data: Map<string, NodeRecord> = new Map();
 
   // Taken once the worker is ready and before its first program: from here on, everything a
-  // program does is either copied back, restored, or found by the checks.
+  // program does is either copied back, restored, or found by the checks. `shared`: the process's
+  // clean memory (its first worker's), adopted when this one's differs from it in a few pages only.
   constructor(
     pyodide: PyodideInterface,
     readonly dataDir: string,
     realmRoots: unknown[],
+    shared: Uint8Array | undefined,
   ) {
     const module = (pyodide as unknown as { _module: Module })._module;
     this.module = module;
@@ -389,7 +430,7 @@ export class CleanState {
     this.realm = walk([globalThis, ...realmRoots, ...this.table]);
     // Twice more, so V8 compiles the check now rather than during the first callers' recycles.
     for (let i = 0; i < 2; i++) realmChange(this.realm);
-    this.memory = new Uint8Array(module.HEAP8.buffer.slice(0));
+    this.memory = cleanMemory(new Uint8Array(module.HEAP8.buffer), shared);
     watching = true;
   }
 

@@ -37,6 +37,7 @@ import {
   SYNC_REPLY_MAX_BYTES,
   SYNC_REPLY_READY,
   SYNC_STATE,
+  type WorkerCleanMemory,
   type WorkerData,
   type WorkerInit,
   type WorkerMessage,
@@ -78,6 +79,21 @@ function unseal(line: string): HostEnvelope | null {
 // Pyodide's compiled WebAssembly, handed over by the first worker: every later one starts from it,
 // so V8's compiled and optimised code is shared, and kept across crashes.
 let compiled: WebAssembly.Module | null = null;
+// The first clean memory a worker reached (WorkerCleanMemory), shared by every later one that
+// reaches the same, as one snapshot file's bytes are by every worker: read once, never written.
+let cleanMemory: Uint8Array | null = null;
+const snapshots = new Map<string, Uint8Array>();
+
+function snapshotBytes(path: string): Uint8Array {
+  let bytes = snapshots.get(path);
+  if (bytes === undefined) {
+    const read = Deno.readFileSync(path);
+    bytes = new Uint8Array(new SharedArrayBuffer(read.length));
+    bytes.set(read);
+    snapshots.set(path, bytes);
+  }
+  return bytes;
+}
 const sandboxes = new Map<number, Sandbox>();
 // Sandboxes asked for while the first worker compiles: started once it hands its module over (or
 // fails), so no two compile it.
@@ -151,6 +167,8 @@ class Sandbox {
   private pendingSyncCall: number | null = null;
   // A replacement worker is starting: its `fatal` ends this sandbox.
   private renewing = false;
+  // The worker has been given a program to run: what it offers as clean is not taken any more.
+  private ranSinceStart = false;
   // Requests between runs (recycle, checkpoint, restore) and their answers travel on a private
   // channel: sandboxed code can listen to and post on the worker's own one, but never holds this
   // port, so it can neither see a request nor forge an answer. One request at a time.
@@ -281,7 +299,6 @@ class Sandbox {
     // and its packages needs, and the network hosts the operator allowed.
     const read = [new URL(".", import.meta.url).pathname, message.pyodide_dir!];
     if (message.packages_dir) read.push(message.packages_dir);
-    if (message.snapshot) read.push(message.snapshot);
     const permissions = {
       read,
       net: message.allow_net ? message.allow_net.split(",") : false,
@@ -309,11 +326,18 @@ class Sandbox {
     const channel = new MessageChannel();
     const port = channel.port1;
     this.control = port;
-    port.onmessage = (event: MessageEvent<ControlAnswer | WorkerModule | WorkerRecycledCrash>) => {
+    port.onmessage = (
+      event: MessageEvent<ControlAnswer | WorkerModule | WorkerCleanMemory | WorkerRecycledCrash>,
+    ) => {
       if (port !== this.control) return; // a replaced worker's port
       if ("module" in event.data) {
         compiled ??= event.data.module;
         moduleSettled();
+        return;
+      }
+      if ("cleanMemory" in event.data) {
+        // Sent at the clean point, before `ready`: none from a worker that has run a program.
+        if (!this.ranSinceStart) cleanMemory ??= event.data.cleanMemory;
         return;
       }
       if ("crashed" in event.data) return this.recycledCrash(event.data);
@@ -332,9 +356,11 @@ class Sandbox {
       ...(compiled ? { module: compiled } : {}),
       ...(message.memory_max_bytes ? { memoryMaxBytes: message.memory_max_bytes } : {}),
       ...(message.packages_dir ? { packagesDir: message.packages_dir } : {}),
-      ...(message.snapshot ? { snapshot: message.snapshot } : {}),
+      ...(message.snapshot ? { snapshot: snapshotBytes(message.snapshot) } : {}),
       ...(message.preload ? { preload: message.preload } : {}),
+      ...(cleanMemory ? { cleanMemory } : {}),
     };
+    this.ranSinceStart = false;
     started.postMessage(init, [channel.port2]);
     this.sendData(started);
     return started;
@@ -387,6 +413,7 @@ class Sandbox {
     switch (message.type) {
       case "run":
         this.runningId = message.id;
+        this.ranSinceStart = true;
         // Cleared here, in order with `interrupt`: the worker may start the run only after its
         // interrupt has arrived (behind a data sync or a warm-up round), and must still see it.
         Atomics.store(this.signals, SIGNAL_INTERRUPT, 0);

@@ -92,6 +92,7 @@ TYPES = (
     "ControlAnswer",
     "WorkerRecycledCrash",
     "WorkerModule",
+    "WorkerCleanMemory",
     "WorkerMessage",
     "WorkerPost",
 )

@@ -30,6 +30,7 @@ import {
   SYNC_STATE,
   SYNC_WAITING,
   type WorkerCheckpoint,
+  type WorkerCleanMemory,
   type WorkerData,
   type WorkerInit,
   type WorkerMessage,
@@ -142,7 +143,10 @@ const postToMain = self.postMessage.bind(self);
 const stringify = JSON.stringify;
 const portPost = MessagePort.prototype.postMessage;
 
-function answer(reply: ControlAnswer | WorkerModule | WorkerRecycledCrash, transfer: Transferable[] = []): void {
+function answer(
+  reply: ControlAnswer | WorkerModule | WorkerCleanMemory | WorkerRecycledCrash,
+  transfer: Transferable[] = [],
+): void {
   portPost.call(state.control, reply, { transfer });
 }
 
@@ -264,7 +268,6 @@ function refuseShared(): void {
 refuseShared();
 // Before Pyodide loads: what could leave work behind for a later call is wrapped (recycle.ts).
 const readDirSync = Deno.readDirSync;
-const readFileSync = Deno.readFileSync;
 guardRealm(["execPath"]);
 
 // Sandboxed code learns no host path. Each path this worker knows has a neutral name, which is
@@ -424,8 +427,6 @@ async function init(message: WorkerInit): Promise<void> {
     stepStarted = now;
   };
   const { packagesDir: packages, snapshot } = message;
-  const snapshotBytes = snapshot ? readFileSync(snapshot) : undefined;
-  step("snapshot read");
   state.signals = message.signals as Int32Array;
   // Imported here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
   await import("pyodide/pyodide.asm.js");
@@ -446,10 +447,10 @@ async function init(message: WorkerInit): Promise<void> {
     ...PYODIDE_OPTIONS,
     ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
     // Restoring the interpreter's memory skips most of the start-up (see snapshot.ts).
-    ...(snapshotBytes ? { _loadSnapshot: snapshotBytes } : {}),
+    ...(snapshot ? { _loadSnapshot: snapshot } : {}),
   });
-  // Pyodide keeps a reference to its options: detaching the copied-in snapshot frees ~20 MB.
-  snapshotBytes?.buffer.transfer(0);
+  // Pyodide keeps its options, which programs can reach (pyodide_js): the snapshot is the process's.
+  delete (state.pyodide as unknown as { _api: { config: Record<string, unknown> } })._api.config._loadSnapshot;
   step("Pyodide");
   if (packages) {
     state.packagesDir = packages;
@@ -505,7 +506,6 @@ async function init(message: WorkerInit): Promise<void> {
   step("first rounds");
   hideHostPaths([
     [packages, "/packages"],
-    [snapshot, "/snapshot"],
     [new URL(".", import.meta.url).pathname, "/runner"],
     [Deno.execPath(), "deno"],
   ]);
@@ -517,7 +517,9 @@ async function init(message: WorkerInit): Promise<void> {
   const preloadFailed = await preload(message.preload ?? []);
   await settleMessagePorts();
   step("preload");
-  state.clean = new CleanState(state.pyodide, GUEST_DATA, [facade]);
+  state.clean = new CleanState(state.pyodide, GUEST_DATA, [facade], message.cleanMemory);
+  // The process's first clean memory goes to the main thread, for every later worker to adopt.
+  if (message.cleanMemory === undefined) answer({ cleanMemory: state.clean.memory } satisfies WorkerCleanMemory);
   step("clean point");
   postRunnerMessage(null, {
     type: "ready",
