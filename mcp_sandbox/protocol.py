@@ -649,6 +649,16 @@ class ProcessLimits(TypedDict):
 # --- Runner <-> worker (Pyodide) ---
 
 
+class WorkerCleanMemory(TypedDict):
+    """Sent once on the private channel, at the clean point, by a worker given no clean memory:
+    its own, in shared memory, for the main thread to give every later worker (WorkerInit).
+    ``fingerprint``: what the clean point holds outside that memory (stack pointer, table
+    lengths, packages), which an adopter's must match."""
+
+    cleanMemory: Uint8Array
+    fingerprint: str
+
+
 class WorkerInit(TypedDict):
     type: Literal["init"]
     guest_modules: list[tuple[str, str]]
@@ -666,9 +676,9 @@ class WorkerInit(TypedDict):
     #: Pyodide's compiled WebAssembly, from the first worker (WorkerModule): a replacement
     #: instantiates it instead of compiling the binary again.
     module: NotRequired[WasmModule]
-    #: The process's clean memory, shared (WorkerCleanMemory): a worker whose own clean memory
-    #: differs from it in a few pages only (its start's timestamps) adopts it instead of a copy.
-    cleanMemory: NotRequired[Uint8Array]
+    #: The process's clean memory, shared: a worker whose clean point has the same fingerprint and
+    #: whose memory differs from it in a few pages only (its start's timestamps) adopts it.
+    clean: NotRequired[WorkerCleanMemory]
 
 
 class DataFile(TypedDict):
@@ -755,13 +765,6 @@ class WorkerModule(TypedDict):
     the main thread to start a replacement worker from."""
 
     module: WasmModule
-
-
-class WorkerCleanMemory(TypedDict):
-    """Sent once on the private channel, at the clean point, by a worker given no clean memory:
-    its own, in shared memory, for the main thread to give every later worker (WorkerInit)."""
-
-    cleanMemory: Uint8Array
 
 
 WorkerMessage = WorkerInit | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage

@@ -812,6 +812,81 @@ async def test_an_attacker_that_ends_the_process_costs_the_others_their_live_sta
         assert said.get("result") == repr((SECRET, FILE_SECRET)), said.summary()
 
 
+#: Replaces typed arrays' getters and methods, WeakMap's get and the Uint8Array and Int32Array
+#: constructors with versions that overwrite any large shared buffer they are handed, then put the
+#: originals back (so the realm check finds nothing), and ends the program: the worker goes back
+#: to its clean point through them.
+HOOK_TYPED_ARRAYS = program(
+    """
+    import js, os
+    js.eval('''(() => {
+      const U8 = Uint8Array, proto = Object.getPrototypeOf(U8.prototype), saved = [];
+      const bufferOf = Object.getOwnPropertyDescriptor(proto, "buffer").get;
+      const restore = () => { for (const [target, key, d] of saved) Object.defineProperty(target, key, d); };
+      const poison = (buffer) => {
+        if (buffer instanceof SharedArrayBuffer && buffer.byteLength > 16 * 2 ** 20) {
+          new U8(buffer).fill(0xab);
+          restore();
+        }
+      };
+      const look = (value) => {
+        try {
+          if (ArrayBuffer.isView(value)) poison(Reflect.apply(bufferOf, value, []));
+        } catch {}
+      };
+      const replace = (target, key, make) => {
+        const d = Object.getOwnPropertyDescriptor(target, key);
+        saved.push([target, key, d]);
+        Object.defineProperty(target, key, { ...d, ...make(d) });
+      };
+      for (const key of ["length", "buffer", "byteOffset", "byteLength"]) {
+        replace(proto, key, (d) => ({ get() { look(this); return Reflect.apply(d.get, this, []); } }));
+      }
+      for (const key of ["set", "subarray", "fill", "slice"]) {
+        replace(proto, key, (d) => ({ value: function (...args) {
+          look(this); args.forEach(look); return Reflect.apply(d.value, this, args);
+        } }));
+      }
+      replace(WeakMap.prototype, "get", (d) => ({ value: function (key) {
+        if (key && typeof key === "object") look(key.memory);
+        return Reflect.apply(d.value, this, [key]);
+      } }));
+      for (const name of ["Uint8Array", "Int32Array"]) {
+        replace(globalThis, name, (d) => ({ value: new Proxy(d.value, { construct(target, args) {
+          args.forEach((arg) => poison(arg));
+          return Reflect.construct(target, args);
+        } }) }));
+      }
+    })()''')
+    os._exit(0)
+    """
+)
+
+
+async def test_a_program_that_hooks_typed_arrays_leaves_the_clean_memory_as_it_was(
+    cohosting: Cohosting,
+) -> None:
+    """The process's clean memory is read through intrinsics taken before any program runs: hooks
+    a program puts on typed arrays never see it. Seen from the victim, whose sandbox shares it:
+    after a crash, its worker goes back to the clean memory and its session comes back from its
+    checkpoint on top of it, whole."""
+    client = cohosting.client
+    async with pair(cohosting, "intrinsics") as both:
+        with anyio.fail_after(60):
+            while not state_file(cohosting.state, both.victim).exists():
+                await anyio.sleep(0.1)
+        ended = await both.attack(HOOK_TYPED_ARRAYS)
+        # Its own end is a crash (a worker that went back to poisoned memory would hang: a timeout).
+        assert ended.get("error_type") in ("SandboxCrash", "Timeout"), ended.summary()
+        crashed = await send(client, "import os\nos._exit(0)", both.victim, timeout=ANSWER_S)
+        assert crashed.get("error_type") == "SandboxCrash", crashed.summary()
+        seen = await send(client, CHECK, both.victim, timeout=ANSWER_S)
+        assert seen.get("result") == INTACT, f"the victim came back broken: {seen.summary()}"
+        fresh = await send(client, "import js\n(int(js.Deno.pid), sum(range(10)))", f"after-{both.attacker}")
+        await reset(client, f"after-{both.attacker}")
+        assert fresh.get("result") == f"({both.pid}, 45)", fresh.summary()
+
+
 def test_no_attack_knows_a_secret() -> None:
     """What an attacker's program finds, it found: none holds a victim's secret (the memory scan
     knows the marker it looks for, and counts its own few copies)."""

@@ -12,7 +12,17 @@
 // a C callback (ctypes) changed the function table, and it says what else is lost (open files;
 // pending asyncio tasks and timers are JavaScript's too).
 import type { LinkerRecord } from "./linker.ts";
-import { type CleanState, MAX_CLEAN_DRIFT_PAGES, PAGE, tableLength, taint, taintsSoFar } from "./recycle.ts";
+import {
+  Bytes,
+  type CleanState,
+  copyInto,
+  MAX_CLEAN_DRIFT_PAGES,
+  PAGE,
+  tableLength,
+  taint,
+  taintsSoFar,
+  Words,
+} from "./recycle.ts";
 
 const MAGIC = "MCPSCKP2";
 const WORDS_PER_PAGE = PAGE / 4;
@@ -53,29 +63,27 @@ export type CheckpointOutcome =
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
-const pageHashes = new WeakMap<CleanState, Int32Array>();
 
-function hashPages(memory: Uint8Array, count: number): Int32Array {
-  const words = new Int32Array(memory.buffer, memory.byteOffset, count * WORDS_PER_PAGE);
-  const hashes = new Int32Array(count);
+// The clean memory is read by index only, through `clean.memoryWords` (recycle.ts's Bytes).
+function hashPages(words: Int32Array, count: number): { hashes: Int32Array; bytes: Uint8Array } {
+  const buffer = new ArrayBuffer(count * 4);
+  const hashes = new Words(buffer);
   for (let page = 0; page < count; page++) {
     let hash = 0;
     const end = (page + 1) * WORDS_PER_PAGE;
     for (let i = page * WORDS_PER_PAGE; i < end; i++) hash = (Math.imul(hash, 31) + words[i]) | 0;
     hashes[page] = hash;
   }
-  return hashes;
+  return { hashes, bytes: new Bytes(buffer) };
 }
 
-function cleanHashes(clean: CleanState): Int32Array {
-  let hashes = pageHashes.get(clean);
-  if (!hashes) pageHashes.set(clean, hashes = hashPages(clean.memory, clean.memory.length / PAGE));
-  return hashes;
+function cleanHashes(clean: CleanState): { hashes: Int32Array; bytes: Uint8Array } {
+  return clean.pageHashes ??= hashPages(clean.memoryWords, clean.memoryLength / PAGE);
 }
 
 function fingerprint(clean: CleanState): Header["clean"] {
   return {
-    memory: clean.memory.length,
+    memory: clean.memoryLength,
     stackPointer: clean.stackPointer,
     table: clean.table.length,
     wasmTable: clean.wasmTableLength,
@@ -84,12 +92,12 @@ function fingerprint(clean: CleanState): Header["clean"] {
 }
 
 // Pages of `heap` that differ from the clean memory (pages past it: those not all zero).
-function changedPages(now: Int32Array, before: Int32Array): number[] {
+function changedPages(now: Int32Array, before: Int32Array, beforeLength: number): number[] {
   const pages: number[] = [];
   for (let page = 0; page < now.length / WORDS_PER_PAGE; page++) {
     const start = page * WORDS_PER_PAGE;
     for (let i = start; i < start + WORDS_PER_PAGE; i++) {
-      if (now[i] !== (i < before.length ? before[i] : 0)) {
+      if (now[i] !== (i < beforeLength ? before[i] : 0)) {
         pages.push(page);
         break;
       }
@@ -103,17 +111,18 @@ function changedPages(now: Int32Array, before: Int32Array): number[] {
 // a page's first difference ends its scan there.
 function changedWords(
   heap: Uint8Array,
-  cleanMemory: Uint8Array,
+  clean: CleanState,
 ): { pages: number[]; masks: Uint8Array; words: Int32Array } {
-  const now = new Int32Array(heap.buffer, 0, heap.length / 4);
-  const before = new Int32Array(cleanMemory.buffer, cleanMemory.byteOffset, cleanMemory.length / 4);
-  const pages = changedPages(now, before);
-  const masks = new Uint8Array(pages.length * MASK_BYTES);
-  const words = new Int32Array(pages.length * WORDS_PER_PAGE);
+  const now = new Words(heap.buffer, 0, heap.length / 4);
+  const before = clean.memoryWords;
+  const beforeLength = clean.memoryLength / 4;
+  const pages = changedPages(now, before, beforeLength);
+  const masks = new Bytes(pages.length * MASK_BYTES);
+  const words = new Words(pages.length * WORDS_PER_PAGE);
   let count = 0;
   for (let p = 0; p < pages.length; p++) {
     const start = pages[p] * WORDS_PER_PAGE;
-    const past = start >= before.length;
+    const past = start >= beforeLength;
     for (let byte = 0; byte < MASK_BYTES; byte++) {
       let bits = 0;
       for (let bit = 0; bit < 8; bit++) {
@@ -240,8 +249,8 @@ function whatIsLost(clean: CleanState): string[] {
 export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): CheckpointOutcome {
   const reason = whyNotPortable(clean, jsHolders);
   if (reason !== null) return { saved: false, reason };
-  const heap = new Uint8Array(clean.module.HEAP8.buffer);
-  const { pages, masks, words } = changedWords(heap, clean.memory);
+  const heap = new Bytes(clean.module.HEAP8.buffer);
+  const { pages, masks, words } = changedWords(heap, clean);
   const { entries, contents, removed } = walkFiles(clean);
   const header: Header = {
     clean: fingerprint(clean),
@@ -256,20 +265,21 @@ export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): Ch
     linker: clean.linker.record(),
   };
   const head = encoder.encode(JSON.stringify(header));
-  const hashes = cleanHashes(clean);
+  const hashes = cleanHashes(clean).bytes;
   const fileBytes = contents.reduce((total, bytes) => total + bytes.length, 0);
-  const size = MAGIC.length + 4 + head.length + hashes.byteLength + masks.length + words.byteLength + fileBytes;
-  const blob = new Uint8Array(size);
+  const hashBytes = clean.memoryLength / PAGE * 4;
+  const size = MAGIC.length + 4 + head.length + hashBytes + masks.length + words.byteLength + fileBytes;
+  const blob = new Bytes(size);
   let at = 0;
-  const put = (bytes: Uint8Array): void => {
-    blob.set(bytes, at);
-    at += bytes.length;
+  const put = (bytes: Uint8Array, length = bytes.length): void => {
+    copyInto(blob, bytes, at);
+    at += length;
   };
   put(encoder.encode(MAGIC));
   new DataView(blob.buffer).setUint32(at, head.length, true);
   at += 4;
   put(head);
-  put(new Uint8Array(hashes.buffer));
+  put(hashes, hashBytes);
   put(masks);
   put(new Uint8Array(words.buffer));
   for (const bytes of contents) put(bytes);
@@ -291,7 +301,7 @@ function parse(
   } catch {
     return "its header is not JSON";
   }
-  const cleanPages = clean.memory.length / PAGE;
+  const cleanPages = clean.memoryLength / PAGE;
   const pagesAt = MAGIC.length + 4 + headLength + cleanPages * 4;
   if (JSON.stringify(header.clean) !== JSON.stringify(fingerprint(clean))) {
     return "it was taken in a sandbox that started differently (another build or other settings)";
@@ -300,7 +310,7 @@ function parse(
     return "its table size is invalid";
   }
   const pageCount = header.memory / PAGE;
-  if (!Number.isInteger(pageCount) || header.memory < clean.memory.length || header.memory > 2 ** 32) {
+  if (!Number.isInteger(pageCount) || header.memory < clean.memoryLength || header.memory > 2 ** 32) {
     return "its memory size is invalid";
   }
   let previous = -1;
@@ -353,10 +363,12 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
   const parsed = parse(blob, clean);
   if (typeof parsed === "string") return `the checkpoint cannot be restored: ${parsed}`;
   const { header, hashes, masks, words, filesAt } = parsed;
-  const own = cleanHashes(clean);
+  const own = cleanHashes(clean).hashes;
   const stored = new Set(header.pages);
   let drift = 0;
-  for (let page = 0; page < own.length; page++) if (own[page] !== hashes[page] && !stored.has(page)) drift++;
+  for (let page = 0; page < clean.memoryLength / PAGE; page++) {
+    if (own[page] !== hashes[page] && !stored.has(page)) drift++;
+  }
   if (drift > MAX_CLEAN_DRIFT_PAGES) {
     return `the checkpoint was taken in a sandbox whose clean memory differs in ${drift} pages`;
   }
@@ -382,10 +394,10 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
   if (linked !== null) return `the checkpoint's native libraries could not be loaded again: ${linked}`;
   // A finalizer of this sandbox's proxies would give back a reference in the checkpoint's memory.
   clean.forgetFinalizers();
-  const heap = new Uint8Array(module.HEAP8.buffer);
-  heap.set(clean.memory);
-  heap.fill(0, clean.memory.length);
-  const heap32 = new Int32Array(module.HEAP8.buffer);
+  const heap = new Bytes(module.HEAP8.buffer);
+  copyInto(heap, clean.memory);
+  heap.fill(0, clean.memoryLength);
+  const heap32 = new Words(module.HEAP8.buffer);
   let next = 0;
   header.pages.forEach((page, p) => {
     for (let byte = 0; byte < MASK_BYTES; byte++) {

@@ -260,7 +260,7 @@ export type WorkerInit = {
   preload?: string[];
   memoryMaxBytes?: number;
   module?: WebAssembly.Module;
-  cleanMemory?: Uint8Array;
+  clean?: WorkerCleanMemory;
 };
 
 export type DataFile = {
@@ -327,6 +327,7 @@ export type WorkerModule = {
 
 export type WorkerCleanMemory = {
   cleanMemory: Uint8Array;
+  fingerprint: string;
 };
 
 export type WorkerMessage =

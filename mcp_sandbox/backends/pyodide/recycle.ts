@@ -9,6 +9,7 @@
 import { Buffer } from "node:buffer";
 import type { PyodideInterface } from "pyodide";
 import { LinkerClean, type LinkerModule } from "./linker.ts";
+import type { WorkerCleanMemory } from "./protocol.ts";
 
 export type FSNode = {
   name: string;
@@ -57,6 +58,19 @@ type Module = LinkerModule & {
 
 //: A sandbox whose WebAssembly memory grew by more than this is replaced: memory cannot shrink.
 const MAX_MEMORY_GROWTH = 64 * 1024 * 1024;
+
+// Taken before any program runs. A program can replace typed arrays' getters and methods and the
+// constructors on globalThis, and one of them called on the clean memory would be handed it to
+// write into: the clean memory is read only through these, and by index, its length kept aside.
+export const Bytes = Uint8Array;
+export const Words = Int32Array;
+const apply = Reflect.apply;
+const typedArraySet = Object.getPrototypeOf(Uint8Array.prototype).set;
+
+// `target.set(source, offset)`, as the intrinsic, whatever a program made of `set`.
+export function copyInto(target: Uint8Array, source: Uint8Array, offset = 0): void {
+  apply(typedArraySet, target, [source, offset]);
+}
 export const PAGE = 4096;
 //: Pages in which two sandboxes' clean memories may differ and still be the same clean point: those
 //: holding the timestamps of their starts (8 in Pyodide 0.29.5). More means they did not start alike.
@@ -274,7 +288,7 @@ function realmChange(clean: Map<object, Shape>): string | null {
 // This sandbox's clean memory. The process's, when `heap` differs from it in a few pages only (its
 // start's timestamps): those are written over, and one copy serves every sandbox of the process.
 // Else a copy of its own: in shared memory when the process has none yet, to be the process's.
-function cleanMemory(heap: Uint8Array, shared: Uint8Array | undefined): Uint8Array {
+function cleanMemory(heap: Uint8Array, shared: Uint8Array | undefined, first: boolean): Uint8Array {
   if (shared !== undefined && shared.length === heap.length) {
     const pages = differingPages(heap, shared, MAX_CLEAN_DRIFT_PAGES);
     if (pages !== null) {
@@ -282,7 +296,7 @@ function cleanMemory(heap: Uint8Array, shared: Uint8Array | undefined): Uint8Arr
       return shared;
     }
   }
-  const copy = new Uint8Array(shared === undefined ? new SharedArrayBuffer(heap.length) : new ArrayBuffer(heap.length));
+  const copy = new Uint8Array(first ? new SharedArrayBuffer(heap.length) : new ArrayBuffer(heap.length));
   copy.set(heap);
   return copy;
 }
@@ -368,7 +382,15 @@ export type RecycleOutcome = { clean: true; dataLost: boolean } | { clean: false
 export class CleanState {
   // Read by checkpoint.ts too: a checkpoint is the difference from this clean point.
   readonly module: Module;
+  // Read only through copyInto and by index (see Bytes above), with its length from here.
   readonly memory: Uint8Array;
+  readonly memoryLength: number;
+  readonly memoryWords: Int32Array;
+  // What the clean point holds outside the memory: a worker adopts another's clean memory only
+  // with the same.
+  readonly fingerprint: string;
+  // Each page's hash, made by the first checkpoint or restore that needs them (checkpoint.ts).
+  pageHashes: { hashes: Int32Array; bytes: Uint8Array } | null = null;
   readonly stackPointer: number;
   readonly table: unknown[];
   // Pyodide's table of JS values it keeps for good (interned): it only grows.
@@ -399,7 +421,7 @@ export class CleanState {
     pyodide: PyodideInterface,
     readonly dataDir: string,
     realmRoots: unknown[],
-    shared: Uint8Array | undefined,
+    shared: WorkerCleanMemory | undefined,
   ) {
     const module = (pyodide as unknown as { _module: Module })._module;
     this.module = module;
@@ -430,7 +452,18 @@ export class CleanState {
     this.realm = walk([globalThis, ...realmRoots, ...this.table]);
     // Twice more, so V8 compiles the check now rather than during the first callers' recycles.
     for (let i = 0; i < 2; i++) realmChange(this.realm);
-    this.memory = cleanMemory(new Uint8Array(module.HEAP8.buffer), shared);
+    this.fingerprint = JSON.stringify([
+      this.stackPointer,
+      this.table.length,
+      this.immortals,
+      this.wasmTableLength,
+      this.libraries,
+      Object.keys(this.cleanPackages).sort(),
+    ]);
+    const adoptable = shared?.fingerprint === this.fingerprint ? shared.cleanMemory : undefined;
+    this.memory = cleanMemory(new Bytes(module.HEAP8.buffer), adoptable, shared === undefined);
+    this.memoryLength = this.memory.length;
+    this.memoryWords = new Words(this.memory.buffer, this.memory.byteOffset, this.memoryLength / 4);
     watching = true;
   }
 
@@ -476,7 +509,7 @@ export class CleanState {
     if (taints.size) return [...taints][0];
     if (suspendedStacks !== this.suspendedStacks) return "a program's stack is still suspended, waiting on JavaScript";
     const module = this.module;
-    if (module.HEAP8.buffer.byteLength - this.memory.length > MAX_MEMORY_GROWTH) {
+    if (module.HEAP8.buffer.byteLength - this.memoryLength > MAX_MEMORY_GROWTH) {
       return `its memory grew to ${Math.round(module.HEAP8.buffer.byteLength / 2 ** 20)} MB`;
     }
     if (this.cleanSlotsChanged()) return "it changed the function table (a C callback)";
@@ -538,10 +571,10 @@ export class CleanState {
 
   private restoreMemory(): void {
     const module = this.module;
-    const heap = new Uint8Array(module.HEAP8.buffer);
-    heap.set(this.memory);
+    const heap = new Bytes(module.HEAP8.buffer);
+    copyInto(heap, this.memory);
     // Memory it grew into is zeroed: the next program must not find this one's bytes there.
-    if (heap.length > this.memory.length) heap.fill(0, this.memory.length);
+    if (heap.length > this.memoryLength) heap.fill(0, this.memoryLength);
     module.stackRestore(this.stackPointer);
     const length = tableLength(module, this.table.length);
     for (let i = 0; i < length; i++) module.__hiwire_set(i, i < this.table.length ? this.table[i] : undefined);

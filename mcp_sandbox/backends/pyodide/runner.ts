@@ -81,15 +81,21 @@ function unseal(line: string): HostEnvelope | null {
 let compiled: WebAssembly.Module | null = null;
 // The first clean memory a worker reached (WorkerCleanMemory), shared by every later one that
 // reaches the same, as one snapshot file's bytes are by every worker: read once, never written.
-let cleanMemory: Uint8Array | null = null;
+let clean: WorkerCleanMemory | null = null;
 const snapshots = new Map<string, Uint8Array>();
 
+// Read straight into shared memory: a copy through a buffer of its own would stay until this
+// thread, mostly idle, collects it.
 function snapshotBytes(path: string): Uint8Array {
   let bytes = snapshots.get(path);
   if (bytes === undefined) {
-    const read = Deno.readFileSync(path);
-    bytes = new Uint8Array(new SharedArrayBuffer(read.length));
-    bytes.set(read);
+    using file = Deno.openSync(path);
+    bytes = new Uint8Array(new SharedArrayBuffer(file.statSync().size));
+    for (let read = 0; read < bytes.length;) {
+      const got = file.readSync(bytes.subarray(read));
+      if (got === null) throw new Error(`the memory snapshot ${path} ended early`);
+      read += got;
+    }
     snapshots.set(path, bytes);
   }
   return bytes;
@@ -337,7 +343,7 @@ class Sandbox {
       }
       if ("cleanMemory" in event.data) {
         // Sent at the clean point, before `ready`: none from a worker that has run a program.
-        if (!this.ranSinceStart) cleanMemory ??= event.data.cleanMemory;
+        if (!this.ranSinceStart) clean ??= event.data;
         return;
       }
       if ("crashed" in event.data) return this.recycledCrash(event.data);
@@ -345,6 +351,13 @@ class Sandbox {
       this.asked = null;
       answer?.(event.data);
     };
+    let snapshot: Uint8Array | undefined;
+    try {
+      snapshot = message.snapshot ? snapshotBytes(message.snapshot) : undefined;
+    } catch (error) {
+      // Slower, not broken: Pyodide then starts without it.
+      this.sendMessage({ type: "progress", line: `the memory snapshot could not be read: ${error}` });
+    }
     const init: WorkerInit = {
       type: "init",
       guest_modules: message.guest_modules,
@@ -356,9 +369,9 @@ class Sandbox {
       ...(compiled ? { module: compiled } : {}),
       ...(message.memory_max_bytes ? { memoryMaxBytes: message.memory_max_bytes } : {}),
       ...(message.packages_dir ? { packagesDir: message.packages_dir } : {}),
-      ...(message.snapshot ? { snapshot: snapshotBytes(message.snapshot) } : {}),
+      ...(snapshot ? { snapshot } : {}),
       ...(message.preload ? { preload: message.preload } : {}),
-      ...(cleanMemory ? { cleanMemory } : {}),
+      ...(clean ? { clean } : {}),
     };
     this.ranSinceStart = false;
     started.postMessage(init, [channel.port2]);

@@ -517,9 +517,11 @@ async function init(message: WorkerInit): Promise<void> {
   const preloadFailed = await preload(message.preload ?? []);
   await settleMessagePorts();
   step("preload");
-  state.clean = new CleanState(state.pyodide, GUEST_DATA, [facade], message.cleanMemory);
+  state.clean = new CleanState(state.pyodide, GUEST_DATA, [facade], message.clean);
   // The process's first clean memory goes to the main thread, for every later worker to adopt.
-  if (message.cleanMemory === undefined) answer({ cleanMemory: state.clean.memory } satisfies WorkerCleanMemory);
+  if (message.clean === undefined) {
+    answer({ cleanMemory: state.clean.memory, fingerprint: state.clean.fingerprint } satisfies WorkerCleanMemory);
+  }
   step("clean point");
   postRunnerMessage(null, {
     type: "ready",
