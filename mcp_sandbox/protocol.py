@@ -669,8 +669,7 @@ class WorkerInit(TypedDict):
     #: The private channel for ControlRequest and ControlAnswer (transferred, never on globalThis).
     control: MessagePort
     packagesDir: NotRequired[str]
-    #: The memory snapshot's bytes, read once by the main thread, shared by every worker it starts.
-    snapshot: NotRequired[Uint8Array]
+    snapshot: NotRequired[str]
     preload: NotRequired[list[str]]
     memoryMaxBytes: NotRequired[int]
     #: Pyodide's compiled WebAssembly, from the first worker (WorkerModule): a replacement

@@ -17,6 +17,7 @@ from mcp_sandbox.settings import Settings
 pytestmark = pytest.mark.anyio
 
 STEPS = [
+    "snapshot read",
     "pyodide.asm.js",
     "Pyodide",
     "guest runtime",

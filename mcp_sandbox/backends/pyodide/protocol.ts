@@ -256,7 +256,7 @@ export type WorkerInit = {
   syncData: SharedArrayBuffer;
   control: MessagePort;
   packagesDir?: string;
-  snapshot?: Uint8Array;
+  snapshot?: string;
   preload?: string[];
   memoryMaxBytes?: number;
   module?: WebAssembly.Module;

@@ -80,26 +80,8 @@ function unseal(line: string): HostEnvelope | null {
 // so V8's compiled and optimised code is shared, and kept across crashes.
 let compiled: WebAssembly.Module | null = null;
 // The first clean memory a worker reached (WorkerCleanMemory), shared by every later one that
-// reaches the same, as one snapshot file's bytes are by every worker: read once, never written.
+// reaches the same: never written after it is made.
 let clean: WorkerCleanMemory | null = null;
-const snapshots = new Map<string, Uint8Array>();
-
-// Read straight into shared memory: a copy through a buffer of its own would stay until this
-// thread, mostly idle, collects it.
-function snapshotBytes(path: string): Uint8Array {
-  let bytes = snapshots.get(path);
-  if (bytes === undefined) {
-    using file = Deno.openSync(path);
-    bytes = new Uint8Array(new SharedArrayBuffer(file.statSync().size));
-    for (let read = 0; read < bytes.length;) {
-      const got = file.readSync(bytes.subarray(read));
-      if (got === null) throw new Error(`the memory snapshot ${path} ended early`);
-      read += got;
-    }
-    snapshots.set(path, bytes);
-  }
-  return bytes;
-}
 const sandboxes = new Map<number, Sandbox>();
 // Sandboxes asked for while the first worker compiles: started once it hands its module over (or
 // fails), so no two compile it.
@@ -305,6 +287,7 @@ class Sandbox {
     // and its packages needs, and the network hosts the operator allowed.
     const read = [new URL(".", import.meta.url).pathname, message.pyodide_dir!];
     if (message.packages_dir) read.push(message.packages_dir);
+    if (message.snapshot) read.push(message.snapshot);
     const permissions = {
       read,
       net: message.allow_net ? message.allow_net.split(",") : false,
@@ -351,13 +334,6 @@ class Sandbox {
       this.asked = null;
       answer?.(event.data);
     };
-    let snapshot: Uint8Array | undefined;
-    try {
-      snapshot = message.snapshot ? snapshotBytes(message.snapshot) : undefined;
-    } catch (error) {
-      // Slower, not broken: Pyodide then starts without it.
-      this.sendMessage({ type: "progress", line: `the memory snapshot could not be read: ${error}` });
-    }
     const init: WorkerInit = {
       type: "init",
       guest_modules: message.guest_modules,
@@ -369,7 +345,7 @@ class Sandbox {
       ...(compiled ? { module: compiled } : {}),
       ...(message.memory_max_bytes ? { memoryMaxBytes: message.memory_max_bytes } : {}),
       ...(message.packages_dir ? { packagesDir: message.packages_dir } : {}),
-      ...(snapshot ? { snapshot } : {}),
+      ...(message.snapshot ? { snapshot: message.snapshot } : {}),
       ...(message.preload ? { preload: message.preload } : {}),
       ...(clean ? { clean } : {}),
     };
