@@ -242,6 +242,21 @@ async def test_data_changed_by_a_program_is_sent_again(client: Client, pool: Poo
         ("gc", "import gc\nlen(gc.get_objects()) > 0"),
         ("a JavaScript global", "_rt_js.globalThis.rtPlanted = 1"),
         ("a patched builtin prototype", "_rt_js.eval('Array.prototype.rtPlanted = 1')"),
+        # Built-ins the checks themselves run on, replaced to hide a planted global from them.
+        (
+            "a Set.has that hides globalThis and itself",
+            "_rt_js.eval('const has = Set.prototype.has;"
+            " Set.prototype.has = function (v) {"
+            " return v === globalThis || v === Set.prototype || Reflect.apply(has, this, [v]) };"
+            " globalThis.rtPlanted = 1')",
+        ),
+        (
+            "a Map iterator that yields nothing",
+            "_rt_js.eval('const it = Map.prototype[Symbol.iterator];"
+            " Map.prototype[Symbol.iterator] = function () {"
+            " return this.size > 1000 ? [][Symbol.iterator]() : Reflect.apply(it, this, []) };"
+            " globalThis.rtPlanted = 1')",
+        ),
         (
             "a message listener",
             "from pyodide.ffi import create_proxy\n"

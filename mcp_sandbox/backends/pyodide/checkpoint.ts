@@ -247,6 +247,8 @@ function whatIsLost(clean: CleanState): string[] {
 }
 
 export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): CheckpointOutcome {
+  const builtIn = clean.builtInChanged();
+  if (builtIn !== null) return { saved: false, reason: `its JavaScript built-ins changed: ${builtIn}` };
   const reason = whyNotPortable(clean, jsHolders);
   if (reason !== null) return { saved: false, reason };
   const heap = new Bytes(clean.module.HEAP8.buffer);

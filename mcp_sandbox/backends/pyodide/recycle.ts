@@ -71,6 +71,87 @@ const typedArraySet = Object.getPrototypeOf(Uint8Array.prototype).set;
 export function copyInto(target: Uint8Array, source: Uint8Array, offset = 0): void {
   apply(typedArraySet, target, [source, offset]);
 }
+
+// Taken at module load, before any program runs: the built-ins' own check runs on these only.
+const ownKeys = Reflect.ownKeys;
+const describe = Reflect.getOwnPropertyDescriptor;
+const prototypeOf = Reflect.getPrototypeOf;
+const hasOwn = Object.hasOwn;
+const same = Object.is;
+
+// The built-ins every check and reset here runs on, as they were at the clean point: each object
+// reachable from globalThis's own properties, their `prototype`s, the iterators' prototypes and
+// every prototype above them, with its prototype and each own property. A program that replaced
+// one (a Set's `has` that calls every object opaque, a Map iterator that yields nothing, a getter
+// added to Object.prototype that runs while the realm is compared) would steer the checks made of
+// it: these are compared first, with functions taken before any program ran, by index only.
+class BuiltIns {
+  private readonly objects: object[] = [];
+  private readonly prototypes: (object | null)[] = [];
+  private readonly keyCounts: number[] = [];
+  private readonly owners: object[] = [];
+  private readonly keys: PropertyKey[] = [];
+  private readonly values: unknown[] = [];
+  private readonly setters: unknown[] = [];
+
+  constructor() {
+    const seen = new Set<object>();
+    const add = (value: unknown): void => {
+      for (let object = value; object !== null && object !== undefined;) {
+        if ((typeof object !== "object" && typeof object !== "function") || seen.has(object)) return;
+        seen.add(object);
+        const keys = ownKeys(object);
+        this.objects.push(object);
+        this.prototypes.push(prototypeOf(object));
+        this.keyCounts.push(keys.length);
+        for (const key of keys) {
+          const d = describe(object, key)!;
+          this.owners.push(object);
+          this.keys.push(key);
+          this.values.push(hasOwn(d, "value") ? d.value : d.get);
+          this.setters.push(hasOwn(d, "set") ? d.set : undefined);
+        }
+        object = prototypeOf(object);
+      }
+    };
+    add(globalThis);
+    for (const key of ownKeys(globalThis)) {
+      const d = describe(globalThis, key)!;
+      if (!hasOwn(d, "value")) continue;
+      add(d.value);
+      const prototype = typeof d.value === "function" ? describe(d.value, "prototype") : undefined;
+      if (prototype && hasOwn(prototype, "value")) add(prototype.value);
+    }
+    const typedArray = prototypeOf(Uint8Array)!;
+    add(typedArray);
+    add((typedArray as { prototype: object }).prototype);
+    for (const iterator of [[][Symbol.iterator](), new Map().entries(), new Set().values(), ""[Symbol.iterator]()]) {
+      add(prototypeOf(iterator));
+    }
+    add(prototypeOf((function* () {})()));
+    add(prototypeOf(async function () {}));
+  }
+
+  // The first built-in that changed since, or null.
+  changed(): string | null {
+    for (let i = 0; i < this.objects.length; i++) {
+      const object = this.objects[i];
+      if (prototypeOf(object) !== this.prototypes[i]) return "a built-in object's prototype was changed";
+      if (ownKeys(object).length !== this.keyCounts[i]) {
+        return `a property was added to or deleted from a built-in (${describeKey(object, "*")})`;
+      }
+    }
+    for (let i = 0; i < this.owners.length; i++) {
+      const d = describe(this.owners[i], this.keys[i]);
+      if (d === undefined) return "a property of a built-in was deleted";
+      const setter = hasOwn(d, "set") ? d.set : undefined;
+      if (!same(hasOwn(d, "value") ? d.value : d.get, this.values[i]) || setter !== this.setters[i]) {
+        return `a built-in was replaced (${describeKey(this.owners[i], this.keys[i])})`;
+      }
+    }
+    return null;
+  }
+}
 export const PAGE = 4096;
 //: Pages in which two sandboxes' clean memories may differ and still be the same clean point: those
 //: holding the timestamps of their starts (8 in Pyodide 0.29.5). More means they did not start alike.
@@ -402,6 +483,7 @@ export class CleanState {
   // The dynamic linker's own state (linker.ts): native libraries loaded since are carried and reset.
   readonly linker: LinkerClean;
   private readonly realm: Map<object, Shape>;
+  private readonly builtIns: BuiltIns;
   readonly files: Map<string, NodeRecord>;
   // Not restored with the rest of the tree: data/ has its own check, /proc and /dev are devices.
   readonly skipped: Set<string>;
@@ -449,6 +531,7 @@ export class CleanState {
     for (const internal of [pyodide, module, (pyodide as unknown as { _api: object })._api]) internals.add(internal);
     const PyProxy = pyodide.ffi.PyProxy;
     isPyProxy = (value) => value instanceof PyProxy;
+    this.builtIns = new BuiltIns();
     this.realm = walk([globalThis, ...realmRoots, ...this.table]);
     // Twice more, so V8 compiles the check now rather than during the first callers' recycles.
     for (let i = 0; i < 2; i++) realmChange(this.realm);
@@ -486,7 +569,14 @@ export class CleanState {
     return this.wasmTableEntries.some((entry, i) => table.get(i) !== entry);
   }
 
+  // A built-in a program replaced: nothing below may run on it (BuiltIns). First, always.
+  builtInChanged(): string | null {
+    return this.builtIns.changed();
+  }
+
   recycle(): RecycleOutcome {
+    const builtIn = this.builtIns.changed();
+    if (builtIn !== null) return { clean: false, reason: `its JavaScript built-ins changed: ${builtIn}` };
     // Packages loaded since are forgotten with their files (restoreFiles) and libraries (linker).
     for (const name of Object.keys(this.loadedPackages)) {
       if (!(name in this.cleanPackages)) delete this.loadedPackages[name];
