@@ -284,13 +284,13 @@ async def nested_worker(body, said):
         await asyncio.sleep(0.1)
 """
 
-#: Defines `reach()`: every string and buffer reachable from the worker's globals by own data
-#: properties (no getter is called), as (the strings, joined by spaces; the buffers), and
-#: `latin1(buffer)`, a buffer's bytes as text.
+#: Defines `reach(*roots)`: every string and buffer reachable from the worker's globals (and
+#: `roots`) by own data properties and prototypes (no getter is called), as (the strings, joined
+#: by spaces; the buffers), and `latin1(buffer)`, a buffer's bytes as text.
 REACH = """
 import js
-reach = js.eval('''() => {
-  const strings = [], buffers = [], seen = new Set(), stack = [globalThis];
+reach = js.eval('''(...roots) => {
+  const strings = [], buffers = [], seen = new Set(), stack = [globalThis, ...roots];
   while (stack.length) {
     let object = stack.pop();
     if (object instanceof WebAssembly.Memory) object = object.buffer;
@@ -301,7 +301,10 @@ reach = js.eval('''() => {
     else if (ArrayBuffer.isView(object)) stack.push(object.buffer);
     else {
       let keys = [];
-      try { keys = Reflect.ownKeys(object); } catch { continue; }
+      try {
+        keys = Reflect.ownKeys(object);
+        stack.push(Reflect.getPrototypeOf(object));
+      } catch { continue; }
       for (const key of keys) {
         let value;
         try { value = Reflect.getOwnPropertyDescriptor(object, key)?.value; } catch { continue; }
@@ -444,37 +447,18 @@ MEMORY = REACH + program(
     """
 ).replace("@MARKER@", repr(MARKER))
 
-#: Every SharedArrayBuffer in reach of globalThis and the `pyodide_js` module, by own data
-#: properties and prototypes: a large one would be the process's (the memory snapshot every new
-#: sandbox starts from, the clean memory every sandbox there goes back to), so it is overwritten.
-SHARED = program(
+#: Every shared buffer in reach of the worker's globals and the `pyodide_js` module: a large one
+#: would be the process's (the clean memory every sandbox there goes back to), so it is overwritten.
+SHARED = REACH + program(
     """
-    import js, pyodide_js
-    poison = js.eval('''(roots) => {
-      const found = [], seen = new Set(), stack = [...roots];
-      while (stack.length) {
-        let object = stack.pop();
-        if (object instanceof WebAssembly.Memory) object = object.buffer;
-        if (object === null || (typeof object !== "object" && typeof object !== "function")) continue;
-        if (seen.has(object)) continue;
-        seen.add(object);
-        if (object instanceof SharedArrayBuffer) found.push(object);
-        else if (ArrayBuffer.isView(object)) stack.push(object.buffer);
-        else if (!(object instanceof ArrayBuffer)) {
-          let keys = [];
-          try {
-            keys = Reflect.ownKeys(object);
-            stack.push(Reflect.getPrototypeOf(object));
-          } catch { continue; }
-          for (const key of keys) {
-            try { stack.push(Reflect.getOwnPropertyDescriptor(object, key)?.value); } catch {}
-          }
-        }
-      }
-      for (const buffer of found) if (buffer.byteLength > 65536) new Uint8Array(buffer).fill(0xab);
-      return found.map((buffer) => buffer.byteLength);
+    import pyodide_js
+    _, buffers = reach(pyodide_js)
+    poison = js.eval('''(buffer) => {
+      if (!(buffer instanceof SharedArrayBuffer)) return -1;
+      if (buffer.byteLength > 65536) new Uint8Array(buffer).fill(0xab);
+      return buffer.byteLength;
     }''')
-    sorted(poison([js.globalThis, pyodide_js]).to_py())
+    sorted(size for size in (poison(buffer) for buffer in buffers) if size >= 0)
     """
 )
 
