@@ -258,6 +258,16 @@ async def test_data_changed_by_a_program_is_sent_again(client: Client, pool: Poo
             " globalThis.rtPlanted = 1')",
         ),
         (
+            "a PyProxy test that calls pyodide_js a proxy",
+            "import pyodide_js\n"
+            "_rt_js.eval('(p, f) => { let c = Object.getPrototypeOf(p).constructor;"
+            ' while (c.name !== "PyProxy") c = Object.getPrototypeOf(c);'
+            " const test = c[Symbol.hasInstance];"
+            " Object.defineProperty(c, Symbol.hasInstance,"
+            " { value: (v) => v === f || Reflect.apply(test, c, [v]) }) }')(object(), pyodide_js)\n"
+            "pyodide_js.rtPlanted = 1",
+        ),
+        (
             "a message listener",
             "from pyodide.ffi import create_proxy\n"
             "_rt_js.addEventListener('message', create_proxy(lambda event: None))",

@@ -152,9 +152,10 @@ class BuiltIns {
     return null;
   }
 }
+
 export const PAGE = 4096;
 //: Pages in which two sandboxes' clean memories may differ and still be the same clean point: those
-//: holding the timestamps of their starts (8 in Pyodide 0.29.5). More means they did not start alike.
+//: holding the timestamps of their starts (7 in Pyodide 0.29.5). More means they did not start alike.
 export const MAX_CLEAN_DRIFT_PAGES = 64;
 
 // What happened since the clean point that makes this sandbox unfit to recycle.
@@ -530,7 +531,9 @@ export class CleanState {
     forgetFinalizers(module.finalizationRegistry);
     for (const internal of [pyodide, module, (pyodide as unknown as { _api: object })._api]) internals.add(internal);
     const PyProxy = pyodide.ffi.PyProxy;
-    isPyProxy = (value) => value instanceof PyProxy;
+    // Pyodide's own test, as it is now: a program may reach the class and replace it.
+    const pyProxyTest = (PyProxy as unknown as Record<symbol, (value: unknown) => boolean>)[Symbol.hasInstance];
+    isPyProxy = (value) => apply(pyProxyTest, PyProxy, [value]);
     this.builtIns = new BuiltIns();
     this.realm = walk([globalThis, ...realmRoots, ...this.table]);
     // Twice more, so V8 compiles the check now rather than during the first callers' recycles.
@@ -575,7 +578,7 @@ export class CleanState {
   }
 
   recycle(): RecycleOutcome {
-    const builtIn = this.builtIns.changed();
+    const builtIn = this.builtInChanged();
     if (builtIn !== null) return { clean: false, reason: `its JavaScript built-ins changed: ${builtIn}` };
     // Packages loaded since are forgotten with their files (restoreFiles) and libraries (linker).
     for (const name of Object.keys(this.loadedPackages)) {
