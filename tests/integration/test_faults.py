@@ -19,6 +19,7 @@ from mcp import Client
 
 from tests.helpers import DEFAULT_JIT, call, process_tree, server_params
 from tests.integration.test_checkpoints import checkpointed
+from tests.security.harness import ServerLog, logged_server
 
 pytestmark = pytest.mark.anyio
 
@@ -38,9 +39,9 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-async def client(
+async def server(
     anyio_backend: str, tmp_path_factory: pytest.TempPathFactory, state_dir: Path
-) -> AsyncIterator[Client]:
+) -> AsyncIterator[tuple[Client, ServerLog]]:
     """A pyodide server bridging tests/upstreams/calc_server.py as `calc`."""
     config = tmp_path_factory.mktemp("bridge") / "upstreams.json"
     upstream = {"command": sys.executable, "args": ["-m", "tests.upstreams.calc_server"], "cwd": str(REPO)}
@@ -55,9 +56,21 @@ async def client(
         # (test_cohosting.py has them in a shared one).
         MCP_SANDBOX_SANDBOXES_PER_PROCESS="1",
         **DEFAULT_JIT,  # interrupts must land right with a warm-up round running between calls
+        # What the pool did with each sandbox given back is a debug line (ServerLog).
+        MCP_SANDBOX_LOG_LEVEL="DEBUG",
     )
-    async with Client(params) as connected:
+    async with logged_server(params) as connected:
         yield connected
+
+
+@pytest.fixture
+def client(server: tuple[Client, ServerLog]) -> Client:
+    return server[0]
+
+
+@pytest.fixture
+def log(server: tuple[Client, ServerLog]) -> ServerLog:
+    return server[1]
 
 
 def sandbox_processes() -> set[int]:
@@ -295,19 +308,26 @@ SWALLOWS_SLEEP = SWALLOWS.format(wait="sleep(5)", error="KeyboardInterrupt").rep
     ids=["os._exit", "kill-flag"],
 )
 async def test_a_program_ended_where_it_stands_leaves_its_sandbox_clean_for_the_next_caller(
-    client: Client, end: str, timeout: float, said: str
+    client: Client, log: ServerLog, end: str, timeout: float, said: str
 ) -> None:
     # The worker goes back to its clean point in place: the sandbox serves the next caller without
     # a session, with nothing of the program left.
-    sandboxes = await settled_processes(client)
+    await settled_processes(client)
+    since = len(log.lines)
     for _ in range(2):
         ended = await call(client, LEAVE_BEHIND + end, timeout=timeout)
         assert said in ended["error"], ended["error"]
         assert (await call(client, FIND_PLANTED))["result"] == "[False, False, False]"
     if end.startswith("os._exit"):
-        # A sandbox whose worker was replaced would be closed, and the pool would start a process.
-        # (A kill whose crash comes later than KILL_WAIT closes its sandbox too: not asserted.)
-        assert sandbox_processes() <= sandboxes, "ending the program cost its sandbox's process"
+        # Each of the four sandboxes given back was recycled: one whose worker was replaced is
+        # closed, "renewed after a crash, for its caller only". (A kill whose crash comes later than
+        # KILL_WAIT closes its sandbox too: not asserted.)
+        for _ in range(4):
+            since, given_back = await log.find(
+                r"a used pyodide sandbox \d+ was (recycled|replaced|closed).*", since
+            )
+            assert given_back[1] == "recycled", f"ending the program cost its sandbox: {given_back[0]}"
+            since += 1
 
 
 #: Leaves a task parked in run_sync on a promise that never settles: its WebAssembly stack stays
