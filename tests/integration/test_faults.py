@@ -68,11 +68,6 @@ def client(server: tuple[Client, ServerLog]) -> Client:
     return server[0]
 
 
-@pytest.fixture
-def log(server: tuple[Client, ServerLog]) -> ServerLog:
-    return server[1]
-
-
 def sandbox_processes() -> set[int]:
     """The Deno runners under the servers this test process started: one per sandbox (with
     MCP_SANDBOX_SANDBOXES_PER_PROCESS=1)."""
@@ -308,8 +303,9 @@ SWALLOWS_SLEEP = SWALLOWS.format(wait="sleep(5)", error="KeyboardInterrupt").rep
     ids=["os._exit", "kill-flag"],
 )
 async def test_a_program_ended_where_it_stands_leaves_its_sandbox_clean_for_the_next_caller(
-    client: Client, log: ServerLog, end: str, timeout: float, said: str
+    server: tuple[Client, ServerLog], end: str, timeout: float, said: str
 ) -> None:
+    client, log = server
     # The worker goes back to its clean point in place: the sandbox serves the next caller without
     # a session, with nothing of the program left.
     await settled_processes(client)
