@@ -14,6 +14,7 @@
 import type { LinkerRecord } from "./linker.ts";
 import {
   Bytes,
+  type CleanShape,
   type CleanState,
   copyInto,
   MAX_CLEAN_DRIFT_PAGES,
@@ -40,7 +41,7 @@ type FileEntry = {
 
 type Header = {
   // The clean point it was taken against: a sandbox with another one cannot restore it.
-  clean: { memory: number; stackPointer: number; table: number; wasmTable: number; libraries: number };
+  clean: CleanShape;
   memory: number;
   // The JS reference table's length when it was taken (its slots past the clean ones are empty).
   table: number;
@@ -79,16 +80,6 @@ function hashPages(words: Int32Array, count: number): { hashes: Int32Array; byte
 
 function cleanHashes(clean: CleanState): { hashes: Int32Array; bytes: Uint8Array } {
   return clean.pageHashes ??= hashPages(clean.memoryWords, clean.memoryLength / PAGE);
-}
-
-function fingerprint(clean: CleanState): Header["clean"] {
-  return {
-    memory: clean.memoryLength,
-    stackPointer: clean.stackPointer,
-    table: clean.table.length,
-    wasmTable: clean.wasmTableLength,
-    libraries: clean.libraries,
-  };
 }
 
 // Pages of `heap` that differ from the clean memory (pages past it: those not all zero).
@@ -255,7 +246,7 @@ export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): Ch
   const { pages, masks, words } = changedWords(heap, clean);
   const { entries, contents, removed } = walkFiles(clean);
   const header: Header = {
-    clean: fingerprint(clean),
+    clean: clean.shape,
     memory: heap.length,
     table: tableLength(clean.module, clean.table.length),
     immortals: internedSince(clean)!,
@@ -305,7 +296,7 @@ function parse(
   }
   const cleanPages = clean.memoryLength / PAGE;
   const pagesAt = MAGIC.length + 4 + headLength + cleanPages * 4;
-  if (JSON.stringify(header.clean) !== JSON.stringify(fingerprint(clean))) {
+  if (JSON.stringify(header.clean) !== JSON.stringify(clean.shape)) {
     return "it was taken in a sandbox that started differently (another build or other settings)";
   }
   if (!Number.isInteger(header.table) || header.table < clean.table.length || header.table > 1 << 24) {

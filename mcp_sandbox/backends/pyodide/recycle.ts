@@ -459,6 +459,10 @@ export function taintsSoFar(): string[] {
   return [...taints];
 }
 
+// A clean point's sizes: two sandboxes whose clean points differ in them did not start alike, so
+// neither takes the other's clean memory or checkpoints.
+export type CleanShape = { memory: number; stackPointer: number; table: number; wasmTable: number; libraries: number };
+
 export type RecycleOutcome = { clean: true; dataLost: boolean } | { clean: false; reason: string };
 
 export class CleanState {
@@ -468,8 +472,9 @@ export class CleanState {
   readonly memory: Uint8Array;
   readonly memoryLength: number;
   readonly memoryWords: Int32Array;
-  // What the clean point holds outside the memory: a worker adopts another's clean memory only
-  // with the same.
+  readonly shape: CleanShape;
+  // The shape, the values interned and the packages loaded: a worker adopts another's clean
+  // memory only with the same.
   readonly fingerprint: string;
   // Each page's hash, made by the first checkpoint or restore that needs them (checkpoint.ts).
   pageHashes: { hashes: Int32Array; bytes: Uint8Array } | null = null;
@@ -538,14 +543,14 @@ export class CleanState {
     this.realm = walk([globalThis, ...realmRoots, ...this.table]);
     // Twice more, so V8 compiles the check now rather than during the first callers' recycles.
     for (let i = 0; i < 2; i++) realmChange(this.realm);
-    this.fingerprint = JSON.stringify([
-      this.stackPointer,
-      this.table.length,
-      this.immortals,
-      this.wasmTableLength,
-      this.libraries,
-      Object.keys(this.cleanPackages).sort(),
-    ]);
+    this.shape = {
+      memory: module.HEAP8.buffer.byteLength,
+      stackPointer: this.stackPointer,
+      table: this.table.length,
+      wasmTable: this.wasmTableLength,
+      libraries: this.libraries,
+    };
+    this.fingerprint = JSON.stringify([this.shape, this.immortals, Object.keys(this.cleanPackages).sort()]);
     const adoptable = shared?.fingerprint === this.fingerprint ? shared.cleanMemory : undefined;
     this.memory = cleanMemory(new Bytes(module.HEAP8.buffer), adoptable, shared === undefined);
     this.memoryLength = this.memory.length;
