@@ -287,4 +287,6 @@ class App:
                 await self._sessions.close()
             if self._pool is not None:
                 await self._pool.close()
+            if self._backend is not None:
+                await self._backend.close()
         task_group.cancel_scope.cancel()

@@ -239,11 +239,11 @@ async def serve(
     """Serve MCP on `transport`; over HTTP, every request needs a bearer token `verifier` accepts
     (None: no token is asked for)."""
     tracing.configure()
+    if transport == "stdio":
+        await _serve_stdio(settings)
+        return
     async with App(settings) as app:
-        server = build_server(app, verifier if transport != "stdio" else None)
-        if transport == "stdio":
-            await server.run_stdio_async()
-            return
+        server = build_server(app, verifier)
         if transport == "sse":
             logger.info("serving MCP over SSE at http://%s:%d/sse", host, port)
             web_app: Any = server.sse_app(host=host)
@@ -260,6 +260,19 @@ async def serve(
             web_app, host=host, port=port, log_level=settings.log_level.lower(), log_config=log_config
         )
         await _WebServer(config).serve()
+
+
+async def _serve_stdio(settings: Settings) -> None:
+    """Serve until stdin ends, or SIGINT or SIGTERM arrives: either way the App closes, as over
+    HTTP (sessions that ran since their last checkpoint are saved, sandboxes and folders removed)."""
+    stop = anyio.CancelScope()
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_cancel_at_first, signals, stop)
+            async with App(settings) as app:
+                with stop:  # a signal during start-up leaves it cancelled before it is entered
+                    await build_server(app).run_stdio()
+            group.cancel_scope.cancel()
 
 
 class _WebServer(uvicorn.Server):

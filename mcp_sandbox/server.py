@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from mcp.server.apps import client_supports_apps
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -15,6 +15,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_PARAMS,
@@ -54,6 +55,7 @@ from mcp_sandbox.metrics import CONTENT_TYPE
 from mcp_sandbox.principals import SOLE, Caller, Verifier
 from mcp_sandbox.result import ExecutionResult
 from mcp_sandbox.settings import ResultTextName, Settings
+from mcp_sandbox.stdio import wire_stdin
 from mcp_sandbox.text import model_text
 from mcp_sandbox.version import __version__
 from mcp_sandbox.view import VIEW_URI, view_extension, view_html, view_meta
@@ -295,6 +297,15 @@ class SandboxServer(MCPServer):
         self._lowlevel_server.add_request_handler("logging/setLevel", SetLevelRequestParams, set_level)
         install()
 
+    async def run_stdio(self) -> None:
+        """Serve on stdin and stdout until stdin ends; unlike the SDK's `run_stdio_async`, a cancel
+        stops it at once (stdio.py)."""
+        with wire_stdin() as lines:
+            # The transport only iterates over its stdin's lines, which `lines` gives.
+            async with stdio_server(stdin=cast(Any, lines)) as (read, write):
+                lowlevel = self._lowlevel_server
+                await lowlevel.run(read, write, lowlevel.create_initialization_options())
+
     async def _handle_call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult | InputRequiredResult:
@@ -402,11 +413,11 @@ def auth_settings(settings: Settings) -> AuthSettings:
     return AuthSettings(issuer_url=AnyHttpUrl("http://localhost"), resource_server_url=None)
 
 
-def build_server(app: App, verifier: Verifier | None = None) -> MCPServer:
+def build_server(app: App, verifier: Verifier | None = None) -> SandboxServer:
     """An MCP server whose tools run code through `app`; over HTTP, every request needs a bearer
     token `verifier` accepts (None: none is asked for)."""
     html = view_html()
-    server: MCPServer = SandboxServer(
+    server = SandboxServer(
         app,
         extensions=[view_extension(html)] if html is not None else None,
         token_verifier=verifier,

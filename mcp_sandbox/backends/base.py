@@ -498,6 +498,10 @@ class Backend(ABC):
         """For the tool description: what the sandbox is and what it allows, and (one short
         sentence) what it can import."""
 
+    async def close(self) -> None:  # noqa: B027 - optional: only what a backend holds besides sandboxes
+        """Give back what the backend holds beyond its sandboxes (its folders). Called once, at
+        shutdown, after every sandbox is closed."""
+
     def start_background_work(self) -> None:  # noqa: B027 - optional: only pyodide has any
         """Start what the backend does in the background while it serves (pyodide: fetching the
         default packages); returns at once. Called once, after `prepare`."""

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import sys
 import tempfile
 import threading
@@ -306,6 +307,8 @@ class InProcessBackend(HostPythonBackend):
         super().__init__(settings, hooks)
         self._numbers = itertools.count(1)
         self.workdir = Path.cwd()
+        self._made: Path | None = None  # the folder prepare made, and the one close removes
+        self._started_in = Path.cwd()
 
     async def prepare(self) -> None:
         logger.warning(
@@ -313,12 +316,22 @@ class InProcessBackend(HostPythonBackend):
             "use it only for trusted code"
         )
         # A process has one working directory, so every in-process session shares this one.
-        self.workdir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-inprocess-"))
+        self.workdir = self._made = Path(tempfile.mkdtemp(prefix="mcp-sandbox-inprocess-"))
         prepare_workspace(self.workdir, self._settings.data_dir)
+        self._started_in = Path.cwd()
         os.chdir(self.workdir)
         os.environ.setdefault("MPLBACKEND", "Agg")
         if self._settings.data_dir is not None:
             guest.protect_read_only(str(self._settings.data_dir))
+
+    async def close(self) -> None:
+        if self._made is None:
+            return
+        with suppress(OSError):  # a cwd already gone
+            if Path.cwd() == self._made:
+                os.chdir(self._started_in)
+        shutil.rmtree(self._made, ignore_errors=True)
+        self._made = None
 
     async def start(self, principal: str | None = None) -> Executor:
         name = f"mcp-sandbox-inprocess-{next(self._numbers)}"

@@ -5,17 +5,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp import Client, StdioServerParameters
 
 from mcp_sandbox.settings import Settings
+from tests.helpers import TEST_ENV
 from tests.package_index import closed_port_url, serve_index
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,6 +129,128 @@ def test_ctrl_c_exits_quietly(tmp_path: Path) -> None:
     assert process.wait(timeout=20) == 130
     assert process.stderr.read() == "" and process.stdout.read() == ""
     assert not worker.exists(), "the process that ran the program outlived the command"
+
+
+# --- the stdio server, stopped by a signal
+
+
+class StdioWire:
+    """A stdio server process spoken to in raw JSON-RPC lines, so the test holds its pid."""
+
+    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+        self.process = subprocess.Popen(
+            [str(ENTRY_POINT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+        )
+        self._ids = iter(range(1, 1000))
+
+    def send(self, method: str, params: dict[str, Any], *, notify: bool = False) -> int:
+        assert self.process.stdin is not None
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
+        number = 0 if notify else next(self._ids)
+        if not notify:
+            message["id"] = number
+        self.process.stdin.write(json.dumps(message).encode() + b"\n")
+        self.process.stdin.flush()
+        return number
+
+    def answer(self, number: int) -> dict[str, Any]:
+        """The response to request `number`."""
+        return self.until(lambda message: message.get("id") == number)
+
+    def until(self, wanted: Callable[[dict[str, Any]], bool], limit: float = 120) -> dict[str, Any]:
+        """The first message from the server that is `wanted`, within `limit` seconds."""
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + limit
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self.process.stdout], [], [], left)
+            line = self.process.stdout.readline() if ready else b""
+            assert line, f"the server said nothing more: exit {self.process.poll()}"
+            message: dict[str, Any] = json.loads(line)
+            if wanted(message):
+                return message
+        raise AssertionError(f"nothing wanted within {limit} s")
+
+    def start(self) -> None:
+        hello = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        }
+        self.answer(self.send("initialize", hello))
+        self.send("notifications/initialized", {}, notify=True)
+
+
+@pytest.mark.parametrize(
+    ("how", "backend", "running"),
+    [
+        (None, "pyodide", False),
+        (signal.SIGTERM, "pyodide", False),
+        (signal.SIGINT, "pyodide", True),
+        (signal.SIGTERM, "subprocess", True),
+        (signal.SIGTERM, "inprocess", False),
+    ],
+    ids=[
+        "stdin-ends-pyodide",
+        "sigterm-pyodide",
+        "ctrl-c-pyodide-mid-call",
+        "sigterm-subprocess-mid-call",
+        "sigterm-inprocess",
+    ],
+)
+def test_the_stdio_server_stops_at_a_signal_and_leaves_nothing_behind(
+    tmp_path: Path, how: signal.Signals | None, backend: str, running: bool
+) -> None:
+    """What Claude Desktop and a terminal's Ctrl-C send: the server stops at once, closes its
+    sandboxes, saves its sessions and removes every folder it made (here: everything in its
+    TMPDIR). Its stdin's end does the same."""
+    temp, state = tmp_path / "tmp", tmp_path / "state"
+    temp.mkdir()
+    settings = {name: value for name, value in TEST_ENV.items() if name != "MCP_SANDBOX_LOG_LEVEL"}
+    env = cli_env(**settings, TMPDIR=str(temp), MCP_SANDBOX_BACKEND=backend, MCP_SANDBOX_STATE_DIR=str(state))
+    wire = StdioWire(env, tmp_path)
+    try:
+        wire.start()
+        kept = {"name": "execute_python", "arguments": {"code": "x = 41", "session_id": "kept"}}
+        assert not wire.answer(wire.send("tools/call", kept))["result"]["isError"]
+        if running:
+            code = "print('spinning', flush=True)\nwhile True: pass"
+            spin = {"name": "execute_python", "arguments": {"code": code}, "_meta": {"progressToken": "spin"}}
+            wire.send("tools/call", spin)
+            wire.until(lambda message: "spinning" in str(message.get("params", {}).get("message")))
+        if how is None:
+            assert wire.process.stdin is not None
+            wire.process.stdin.close()
+        else:
+            wire.process.send_signal(how)
+        assert wire.process.wait(timeout=60) == 0
+    finally:
+        if wire.process.poll() is None:
+            wire.process.kill()
+            wire.process.wait()
+    assert wire.process.stderr is not None
+    errors = wire.process.stderr.read().decode()
+    assert "Traceback" not in errors, errors
+    assert sorted(path.name for path in temp.iterdir()) == [], "every folder the server made is gone"
+    if backend == "inprocess":
+        return  # its sessions live in the server's process only
+    restarted = cli_env(
+        **settings, TMPDIR=str(temp), MCP_SANDBOX_BACKEND=backend, MCP_SANDBOX_STATE_DIR=str(state)
+    )
+    again = StdioWire(restarted, tmp_path)
+    try:
+        again.start()
+        follow = {"name": "execute_python", "arguments": {"code": "x + 1", "session_id": "kept"}}
+        result = again.answer(again.send("tools/call", follow))["result"]
+        assert result["structuredContent"]["result"] == "42", result
+    finally:
+        assert again.process.stdin is not None
+        again.process.stdin.close()
+        again.process.wait(timeout=60)
 
 
 # --- errors: one line on stderr, never a traceback

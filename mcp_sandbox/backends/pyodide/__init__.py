@@ -395,12 +395,14 @@ class PyodideBackend(Backend):
 
     async def _said_when_gone(self, host: RunnerProcess) -> None:
         """The log hears why a process ended unasked: its sandboxes' callers hear only that it did."""
-        await host.watch.wait()
-        if not host.watch.closed:
-            logger.warning(
-                "pyodide process %d ended: %s%s", host.pid, host.watch.reason(), host.watch.stderr_tail()
-            )
-        shutil.rmtree(host.checkpoint_dir, ignore_errors=True)
+        try:
+            await host.watch.wait()
+            if not host.watch.closed:
+                logger.warning(
+                    "pyodide process %d ended: %s%s", host.pid, host.watch.reason(), host.watch.stderr_tail()
+                )
+        finally:  # at shutdown too, when this wait is cancelled
+            shutil.rmtree(host.checkpoint_dir, ignore_errors=True)
 
     def _init(self, checkpoint_dir: Path) -> InitMessage:
         """A new sandbox's `init`: the folders it reads and writes, its memory, what it preloads.
