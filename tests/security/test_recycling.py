@@ -294,6 +294,47 @@ async def test_an_ended_session_is_recycled_clean(client: Client, pool: Pool) ->
     assert probe.reply.get("result") == "False", probe.reply.summary()
 
 
+#: Made at run time from its hex, so no program's text holds a copy of it.
+MARKER_HEX = "5a17c0de" * 4
+
+#: Leaves 10 MB of the marker in freed memory, some of it on top of the heap, in memory that was
+#: all zero at the clean point, which a recycle writes only where a program wrote.
+LEAVE_MARKERS = f"""
+marker = bytes.fromhex({MARKER_HEX!r})
+small = [marker + i.to_bytes(4, "little") for i in range(100_000)]
+large = [bytearray(marker * (2**18 // 16)) for _ in range(20)]
+del small, large
+"""
+
+#: How often the marker is in this interpreter's memory.
+COUNT_MARKERS = f"""
+import ctypes
+needle = bytes.fromhex({MARKER_HEX!r})
+top = ctypes.CDLL(None).emscripten_get_heap_size()
+# Read in small pieces: each is allocated in free memory, over what it would read.
+found, start, chunk = 0, 1024, 2**16
+while start < top:
+    found += ctypes.string_at(start, min(chunk + len(needle), top - start)).count(needle)
+    start += chunk
+found
+"""
+
+
+async def test_memory_a_program_wrote_past_the_clean_heap_is_zero_for_the_next_caller(
+    client: Client, pool: Pool
+) -> None:
+    """A recycle leaves alone the pages that were all zero at the clean point and still are (so they
+    take no memory): those a program wrote into are zeroed, and the next caller finds nothing."""
+    left = await use(client, pool, LEAVE_MARKERS)
+    assert left.reply.get("success") is True, left.reply.summary()
+    assert left.then == "recycled", f"the sandbox was {left.then}, so the test proves nothing"
+    probe = await use(client, pool, COUNT_MARKERS)
+    assert probe.sandbox == left.sandbox, "the next call did not get the recycled sandbox"
+    found = int(str(probe.reply.get("result")))
+    # Its own needle is a few copies; the first caller left about 400,000.
+    assert found < 100, f"the next caller found the marker {found} times"
+
+
 #: A listener on the worker's own message channel that answers every request it sees with a
 #: forged "recycled, clean" (a WorkerPost with the request's nonce, a form the runner
 #: refuses) and keeps every program it is sent.

@@ -387,9 +387,7 @@ export function restoreCheckpoint(clean: CleanState, blob: Uint8Array): string |
   if (linked !== null) return `the checkpoint's native libraries could not be loaded again: ${linked}`;
   // A finalizer of this sandbox's proxies would give back a reference in the checkpoint's memory.
   clean.forgetFinalizers();
-  const heap = new Bytes(module.HEAP8.buffer);
-  copyInto(heap, clean.memory);
-  heap.fill(0, clean.memoryLength);
+  clean.resetMemory();
   const heap32 = new Words(module.HEAP8.buffer);
   let next = 0;
   header.pages.forEach((page, p) => {

@@ -6,7 +6,7 @@
 // after pyodide.asm.js is imported and before loadPyodide runs it.
 import { hookCalloc, type Imports, type Instance, restoreCalloc } from "./linker.ts";
 import { SIGNAL_KILL } from "./protocol.ts";
-import { watchFinalizers, watchSuspensions } from "./recycle.ts";
+import { copySparsely, watchFinalizers, watchSuspensions } from "./recycle.ts";
 
 type Done = (instance: Instance, module: WebAssembly.Module) => void;
 type Settings = {
@@ -77,6 +77,7 @@ export function hookInstance(options: InstanceOptions): void {
         watchFinalizers(value);
       },
     });
+    restoreSparsely(settings);
     if (options.maxBytes !== undefined) {
       const pages = (bytes: number) => Math.ceil(bytes / PAGE);
       const initial = settings.INITIAL_MEMORY ?? INITIAL_BYTES;
@@ -116,6 +117,34 @@ export function hookInstance(options: InstanceOptions): void {
       };
     }
     return create(settings);
+  };
+}
+
+// Pyodide restores a memory snapshot with one `HEAP8.set`, touching every page: for that call only,
+// the zero pages are left untouched (copySparsely), so they take no memory until a program writes.
+function restoreSparsely(settings: Settings): void {
+  const api = (settings as { API?: Record<string, unknown> }).API;
+  if (!api) return;
+  let restore: ((snapshot: Uint8Array) => unknown) | undefined;
+  Object.defineProperty(api, "restoreSnapshot", {
+    configurable: true,
+    get: () => restore && sparse,
+    set: (value: (snapshot: Uint8Array) => unknown) => {
+      restore = value;
+    },
+  });
+  const sparse = (snapshot: Uint8Array) => {
+    const heap = (settings as { HEAP8: Int8Array }).HEAP8;
+    const bytes = new Uint8Array(heap.buffer, heap.byteOffset, heap.length);
+    Object.defineProperty(heap, "set", {
+      configurable: true,
+      value: (source: Uint8Array, offset = 0) => copySparsely(bytes, source, offset),
+    });
+    try {
+      return restore!(snapshot);
+    } finally {
+      delete (heap as { set?: unknown }).set;
+    }
   };
 }
 
