@@ -10,6 +10,8 @@ from __future__ import annotations
 import codecs
 import os
 import select
+import stat
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
@@ -42,6 +44,11 @@ def wire_stdin() -> Iterator[AsyncIterator[str] | None]:
 
 
 def _pollable(fd: int) -> bool:
+    """Whether the event loop can wait on `fd`: as epoll says on Linux; elsewhere a pipe or a
+    socket only (what MCP clients give), and nothing on Windows, whose loop waits on no pipe."""
+    if not hasattr(select, "epoll"):
+        mode = os.fstat(fd).st_mode
+        return sys.platform != "win32" and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode))
     poller = select.epoll()
     try:
         poller.register(fd, select.EPOLLIN)

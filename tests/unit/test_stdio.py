@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import anyio
 import pytest
 
-from mcp_sandbox.stdio import _lines
+from mcp_sandbox.stdio import _lines, _pollable
 
 pytestmark = pytest.mark.anyio
 
@@ -52,3 +53,14 @@ async def test_bytes_that_are_not_utf8_are_replaced_not_fatal() -> None:
 async def test_a_line_longer_than_one_read() -> None:
     long = "x" * 200_000
     assert await lines_of(long.encode()[:70_000], long.encode()[70_000:] + b"\n") == [long + "\n"]
+
+
+def test_a_pipe_is_read_in_the_event_loop_a_file_or_the_null_device_by_the_sdk(tmp_path: Path) -> None:
+    read, write = os.pipe()
+    file = os.open(tmp_path / "requests.jsonl", os.O_RDONLY | os.O_CREAT)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        assert (_pollable(read), _pollable(file), _pollable(null)) == (True, False, False)
+    finally:
+        for fd in (read, write, file, null):
+            os.close(fd)
