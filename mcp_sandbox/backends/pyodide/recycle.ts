@@ -370,56 +370,66 @@ function realmChange(clean: Map<object, Shape>): string | null {
   return null;
 }
 
-// This sandbox's clean memory. The process's, when `heap` differs from it in a few pages only (its
-// start's timestamps): those are written over, and one copy serves every sandbox of the process.
-// Else a copy of its own: in shared memory when the process has none yet, to be the process's.
-function cleanMemory(heap: Uint8Array, shared: Uint8Array | undefined, first: boolean): Uint8Array {
-  if (shared !== undefined && shared.length === heap.length) {
-    const pages = differingPages(heap, shared, MAX_CLEAN_DRIFT_PAGES);
-    if (pages !== null) {
-      for (const page of pages) heap.set(shared.subarray(page * PAGE, (page + 1) * PAGE), page * PAGE);
-      return shared;
-    }
-  }
-  const copy = new Uint8Array(first ? new SharedArrayBuffer(heap.length) : new ArrayBuffer(heap.length));
-  copySparsely(copy, heap);
-  return copy;
-}
+// A memory's pages in two lists: the runs of pages not all zero, as [start, end) byte offsets, and
+// the pages all zero. Made before any program runs (Buffer's compare is a program's to replace).
+type PageRuns = { copied: Int32Array; zero: Int32Array };
 
-// `target.set(source, offset)`, leaving alone each page of `target` that is zero and stays zero: a
-// page of memory never written is never resident, and a snapshot is 9 MB of zero pages in 24.
-// Run before any program (Buffer's compare is a program's to replace).
-export function copySparsely(target: Uint8Array, source: Uint8Array, offset = 0): void {
-  const zero = Buffer.alloc(PAGE);
-  const from = Buffer.from(source.buffer, source.byteOffset, source.length);
-  const to = Buffer.from(target.buffer, target.byteOffset + offset, source.length);
-  let run = -1; // where the pages to copy begin
-  for (let start = 0; start <= source.length; start += PAGE) {
-    const end = Math.min(start + PAGE, source.length);
-    if (start < source.length && from.compare(zero, 0, end - start, start, end) !== 0) {
-      if (run < 0) run = start;
-      continue;
-    }
-    if (run >= 0) copyInto(to, from.subarray(run, start), run);
-    run = -1;
-    if (start < source.length && to.compare(zero, 0, end - start, start, end) !== 0) to.fill(0, start, end);
-  }
-}
-
-// The clean memory's pages in two lists: the runs of pages not all zero, as [start, end) byte
-// offsets, and the pages all zero. Made at the clean point (Buffer's compare is a program's later).
-function pageRuns(memory: Uint8Array): { copied: Int32Array; zero: Int32Array } {
+function pageRuns(memory: Uint8Array): PageRuns {
   const zero = Buffer.alloc(PAGE);
   const bytes = Buffer.from(memory.buffer, memory.byteOffset, memory.length);
   const copied: number[] = [];
   const zeroPages: number[] = [];
-  for (let page = 0; page < memory.length / PAGE; page++) {
-    const start = page * PAGE;
-    if (bytes.compare(zero, 0, PAGE, start, start + PAGE) === 0) zeroPages.push(page);
-    else if (copied.length && copied[copied.length - 1] === start) copied[copied.length - 1] = start + PAGE;
-    else copied.push(start, start + PAGE);
+  for (let start = 0; start < memory.length; start += PAGE) {
+    const end = Math.min(start + PAGE, memory.length);
+    if (bytes.compare(zero, 0, end - start, start, end) === 0) zeroPages.push(start / PAGE);
+    else if (copied.length && copied[copied.length - 1] === start) copied[copied.length - 1] = end;
+    else copied.push(start, end);
   }
   return { copied: Words.from(copied), zero: Words.from(zeroPages) };
+}
+
+// Copies the runs of `source` that are not all zero into `target` at `offset`.
+function copyRuns(target: Uint8Array, source: Uint8Array, copied: Int32Array, offset = 0): void {
+  for (let run = 0; run < copied.length; run += 2) {
+    copyInto(target, apply(typedArraySubarray, source, [copied[run], copied[run + 1]]), offset + copied[run]);
+  }
+}
+
+// This sandbox's clean memory, and its pages. The process's, when `heap` differs from it in a few
+// pages only (its start's timestamps): those are written over, and one copy serves every sandbox
+// of the process. Else a copy of its own: in shared memory when the process has none yet, to be
+// the process's; its zero pages are left unwritten.
+function cleanMemory(
+  heap: Uint8Array,
+  shared: Uint8Array | undefined,
+  first: boolean,
+): { memory: Uint8Array; pages: PageRuns } {
+  if (shared !== undefined && shared.length === heap.length) {
+    const pages = differingPages(heap, shared, MAX_CLEAN_DRIFT_PAGES);
+    if (pages !== null) {
+      for (const page of pages) heap.set(shared.subarray(page * PAGE, (page + 1) * PAGE), page * PAGE);
+      return { memory: shared, pages: pageRuns(shared) };
+    }
+  }
+  const memory = new Uint8Array(first ? new SharedArrayBuffer(heap.length) : new ArrayBuffer(heap.length));
+  const pages = pageRuns(heap);
+  copyRuns(memory, heap, pages.copied);
+  return { memory, pages };
+}
+
+// `target.set(source, offset)`, leaving alone each page of `target` that is zero and stays zero: a
+// page of memory never written is never resident, and a snapshot is 9 MB of zero pages in 24.
+// Run before any program, as pageRuns.
+export function copySparsely(target: Uint8Array, source: Uint8Array, offset = 0): void {
+  const { copied, zero } = pageRuns(source);
+  copyRuns(target, source, copied, offset);
+  const empty = Buffer.alloc(PAGE);
+  const to = Buffer.from(target.buffer, target.byteOffset + offset, source.length);
+  for (let i = 0; i < zero.length; i++) {
+    const start = zero[i] * PAGE;
+    const end = Math.min(start + PAGE, source.length);
+    if (to.compare(empty, 0, end - start, start, end) !== 0) to.fill(0, start, end);
+  }
 }
 
 // The pages in which `a` and `b` (of one length, whole pages) differ, or null past `most` of them.
@@ -516,7 +526,7 @@ export class CleanState {
   // memory only with the same.
   readonly fingerprint: string;
   // Its pages not all zero, in runs, and its pages all zero (resetMemory).
-  private readonly pages: { copied: Int32Array; zero: Int32Array };
+  private readonly pages: PageRuns;
   // Each page's hash, made by the first checkpoint or restore that needs them (checkpoint.ts).
   pageHashes: { hashes: Int32Array; bytes: Uint8Array } | null = null;
   readonly stackPointer: number;
@@ -593,10 +603,13 @@ export class CleanState {
     };
     this.fingerprint = JSON.stringify([this.shape, this.immortals, Object.keys(this.cleanPackages).sort()]);
     const adoptable = shared?.fingerprint === this.fingerprint ? shared.cleanMemory : undefined;
-    this.memory = cleanMemory(new Bytes(module.HEAP8.buffer), adoptable, shared === undefined);
+    ({ memory: this.memory, pages: this.pages } = cleanMemory(
+      new Bytes(module.HEAP8.buffer),
+      adoptable,
+      shared === undefined,
+    ));
     this.memoryLength = this.memory.length;
     this.memoryWords = new Words(this.memory.buffer, this.memory.byteOffset, this.memoryLength / 4);
-    this.pages = pageRuns(this.memory);
     watching = true;
   }
 
@@ -716,9 +729,7 @@ export class CleanState {
     const buffer = this.module.HEAP8.buffer;
     const heap = new Bytes(buffer);
     const { copied, zero } = this.pages;
-    for (let run = 0; run < copied.length; run += 2) {
-      copyInto(heap, apply(typedArraySubarray, this.memory, [copied[run], copied[run + 1]]), copied[run]);
-    }
+    copyRuns(heap, this.memory, copied);
     const words = new Words(buffer, 0, this.memoryLength / 4);
     const wordsPerPage = PAGE / 4;
     for (let i = 0; i < zero.length; i++) {
