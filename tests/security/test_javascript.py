@@ -200,6 +200,13 @@ ATTACKS: list[Attack] = [
         pyodide_only(),
         session="crash",
     ),
+    # --- V8's collector: the runner exposes it to its workers, which take it off the global ---
+    Attack(
+        "js_reaches_the_collector",
+        "import js\njs.eval('[typeof globalThis.gc, typeof self.gc].join()')",
+        result_lacks("function"),
+        pyodide_only(),
+    ),
 ]
 
 
