@@ -5,8 +5,8 @@
 // Pyodide passes no Emscripten settings through loadPyodide, so its module factory is wrapped
 // after pyodide.asm.js is imported and before loadPyodide runs it.
 import { hookCalloc, type Imports, type Instance, restoreCalloc } from "./linker.ts";
-import { SIGNAL_KILL } from "./protocol.ts";
-import { copySparsely, watchFinalizers, watchSuspensions } from "./recycle.ts";
+import { SIGNAL_KILL, type SnapshotPages } from "./protocol.ts";
+import { copySparsely, readSparsely, watchFinalizers, watchSuspensions } from "./recycle.ts";
 
 type Done = (instance: Instance, module: WebAssembly.Module) => void;
 type Settings = {
@@ -59,7 +59,16 @@ export type InstanceOptions = {
   module?: WebAssembly.Module;
   // Called with the compiled module once it is instantiated.
   compiled: (module: WebAssembly.Module) => void;
+  // The memory snapshot Pyodide is given, when it starts from one.
+  snapshot?: Snapshot;
 };
+
+// A memory snapshot as a worker gives it to Pyodide: the whole file, whose restore then says where
+// its pages not all zero are (a process's first worker); or the file's header alone, the rest
+// read from the file (`read(into, position)`) straight into memory, those pages only.
+export type Snapshot =
+  | { bytes: Uint8Array<ArrayBuffer>; restored: (pages: SnapshotPages) => void }
+  | { bytes: Uint8Array<ArrayBuffer>; pages: SnapshotPages; read: (into: Uint8Array, position: number) => void };
 
 export function hookInstance(options: InstanceOptions): void {
   const global = globalThis as unknown as { _createPyodideModule: (settings: Settings) => Promise<unknown> };
@@ -77,7 +86,7 @@ export function hookInstance(options: InstanceOptions): void {
         watchFinalizers(value);
       },
     });
-    restoreSparsely(settings);
+    if (options.snapshot) restoreSparsely(settings, options.snapshot);
     if (options.maxBytes !== undefined) {
       const pages = (bytes: number) => Math.ceil(bytes / PAGE);
       const initial = settings.INITIAL_MEMORY ?? INITIAL_BYTES;
@@ -121,10 +130,13 @@ export function hookInstance(options: InstanceOptions): void {
 }
 
 // Pyodide restores a memory snapshot with one `HEAP8.set`, touching every page: for that call only,
-// the zero pages are left untouched (copySparsely), so they take no memory until a program writes.
-function restoreSparsely(settings: Settings): void {
+// the zero pages are left untouched (copySparsely, readSparsely), so they take no memory until a
+// program writes.
+function restoreSparsely(settings: Settings, snapshot: Snapshot): void {
   const api = (settings as { API?: Record<string, unknown> }).API;
   if (!api) return;
+  // What Pyodide sets from the length of what it is given: the whole file's.
+  if ("pages" in snapshot) settings.INITIAL_MEMORY = snapshot.bytes.length + snapshot.pages.memoryBytes;
   let restore: ((snapshot: Uint8Array) => unknown) | undefined;
   Object.defineProperty(api, "restoreSnapshot", {
     configurable: true,
@@ -133,15 +145,22 @@ function restoreSparsely(settings: Settings): void {
       restore = value;
     },
   });
-  const sparse = (snapshot: Uint8Array) => {
+  const sparse = (given: Uint8Array) => {
     const heap = (settings as { HEAP8: Int8Array }).HEAP8;
     const bytes = new Uint8Array(heap.buffer, heap.byteOffset, heap.length);
-    Object.defineProperty(heap, "set", {
-      configurable: true,
-      value: (source: Uint8Array, offset = 0) => copySparsely(bytes, source, offset),
-    });
+    const set = (source: Uint8Array, offset = 0) => {
+      if ("pages" in snapshot) {
+        const header = snapshot.bytes.length;
+        readSparsely(bytes, snapshot.pages, (into, at) => snapshot.read(into, header + at));
+        return;
+      }
+      const pages = copySparsely(bytes, source, offset);
+      const header = source.byteOffset - given.byteOffset;
+      snapshot.restored({ header: given.slice(0, header), memoryBytes: source.length, ...pages });
+    };
+    Object.defineProperty(heap, "set", { configurable: true, value: set });
     try {
-      return restore!(snapshot);
+      return restore!(given);
     } finally {
       delete (heap as { set?: unknown }).set;
     }

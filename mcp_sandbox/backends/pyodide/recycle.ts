@@ -372,7 +372,7 @@ function realmChange(clean: Map<object, Shape>): string | null {
 
 // A memory's pages in two lists: the runs of pages not all zero, as [start, end) byte offsets, and
 // the pages all zero. Made before any program runs (Buffer's compare is a program's to replace).
-type PageRuns = { copied: Int32Array; zero: Int32Array };
+export type PageRuns = { copied: Int32Array; zero: Int32Array };
 
 function pageRuns(memory: Uint8Array): PageRuns {
   const zero = Buffer.alloc(PAGE);
@@ -419,15 +419,35 @@ function cleanMemory(
 
 // `target.set(source, offset)`, leaving alone each page of `target` that is zero and stays zero: a
 // page of memory never written is never resident, and a snapshot is 9 MB of zero pages in 24.
-// Run before any program, as pageRuns.
-export function copySparsely(target: Uint8Array, source: Uint8Array, offset = 0): void {
-  const { copied, zero } = pageRuns(source);
-  copyRuns(target, source, copied, offset);
+// Run before any program, as pageRuns. Says which pages it copied.
+export function copySparsely(target: Uint8Array, source: Uint8Array, offset = 0): PageRuns {
+  const pages = pageRuns(source);
+  copyRuns(target, source, pages.copied, offset);
+  clearZeroPages(target.subarray(offset, offset + source.length), pages.zero);
+  return pages;
+}
+
+// The same from a file, given its pages (copySparsely's answer): `read(into, at)` fills `into` with
+// the file's bytes from `at` on. Only those pages are read; the rest of `target` is left zero.
+export function readSparsely(
+  target: Uint8Array,
+  pages: PageRuns,
+  read: (into: Uint8Array, at: number) => void,
+): void {
+  for (let run = 0; run < pages.copied.length; run += 2) {
+    read(target.subarray(pages.copied[run], pages.copied[run + 1]), pages.copied[run]);
+  }
+  clearZeroPages(target, pages.zero);
+}
+
+// Zeroes those of `zero`'s pages of `target` that are not (the module's data, written as it was
+// instantiated), and leaves the others unwritten.
+function clearZeroPages(target: Uint8Array, zero: Int32Array): void {
   const empty = Buffer.alloc(PAGE);
-  const to = Buffer.from(target.buffer, target.byteOffset + offset, source.length);
+  const to = Buffer.from(target.buffer, target.byteOffset, target.length);
   for (let i = 0; i < zero.length; i++) {
     const start = zero[i] * PAGE;
-    const end = Math.min(start + PAGE, source.length);
+    const end = Math.min(start + PAGE, target.length);
     if (to.compare(empty, 0, end - start, start, end) !== 0) to.fill(0, start, end);
   }
 }

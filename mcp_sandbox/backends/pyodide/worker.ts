@@ -7,7 +7,7 @@ import { HOME, PYODIDE_OPTIONS } from "./options.ts";
 import { loadGuestModules } from "./modules.ts";
 import { asTheWorker, CleanState, guardRealm, hostSetTimeout, type RecycleOutcome, taint } from "./recycle.ts";
 import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
-import { hookInstance, Killed, Unwinding } from "./instance.ts";
+import { hookInstance, Killed, type Snapshot, Unwinding } from "./instance.ts";
 import {
   type CheckpointedMessage,
   type ControlAnswer,
@@ -25,6 +25,7 @@ import {
   type RunnerMessage,
   SIGNAL_INTERRUPT,
   SIGNAL_KILL,
+  type SnapshotPages,
   SYNC_LENGTH,
   SYNC_REPLY_READY,
   SYNC_STATE,
@@ -278,6 +279,7 @@ refuseShared();
 // Before Pyodide loads: what could leave work behind for a later call is wrapped (recycle.ts).
 const readDirSync = Deno.readDirSync;
 const readFileSync = Deno.readFileSync;
+const openSync = Deno.openSync;
 guardRealm(["execPath"]);
 
 // Sandboxed code learns no host path. Each path this worker knows has a neutral name, which is
@@ -437,7 +439,10 @@ async function init(message: WorkerInit): Promise<void> {
     stepStarted = now;
   };
   const { packagesDir: packages, snapshot } = message;
-  const snapshotBytes = snapshot ? readFileSync(snapshot) : undefined;
+  let snapshotPages: SnapshotPages | undefined; // found by this worker's restore, if it reads it whole
+  const opened = snapshot
+    ? openSnapshot(snapshot, message.clean?.snapshot, (found) => snapshotPages = found)
+    : undefined;
   step("snapshot read");
   state.signals = message.signals as Int32Array;
   // Imported here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
@@ -454,15 +459,20 @@ async function init(message: WorkerInit): Promise<void> {
     compiled: (module) => {
       if (!message.module) answer({ module } satisfies WorkerModule);
     },
+    ...(opened ? { snapshot: opened.snapshot } : {}),
   });
-  state.pyodide = await loadPyodide({
-    ...PYODIDE_OPTIONS,
-    ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
-    // Restoring the interpreter's memory skips most of the start-up (see snapshot.ts).
-    ...(snapshotBytes ? { _loadSnapshot: snapshotBytes } : {}),
-  });
-  // Pyodide keeps a reference to its options: detaching the copied-in snapshot frees ~20 MB.
-  snapshotBytes?.buffer.transfer(0);
+  try {
+    state.pyodide = await loadPyodide({
+      ...PYODIDE_OPTIONS,
+      ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
+      // Restoring the interpreter's memory skips most of the start-up (see snapshot.ts).
+      ...(opened ? { _loadSnapshot: opened.snapshot.bytes } : {}),
+    });
+  } finally {
+    opened?.close();
+  }
+  // Pyodide keeps a reference to its options: detaching a snapshot read whole frees ~20 MB.
+  opened?.snapshot.bytes.buffer.transfer(0);
   step("Pyodide");
   if (packages) {
     state.packagesDir = packages;
@@ -533,7 +543,13 @@ async function init(message: WorkerInit): Promise<void> {
   state.clean = new CleanState(state.pyodide, GUEST_DATA, [facade], message.clean);
   // The process's first clean memory goes to the main thread, for every later worker to adopt.
   if (message.clean === undefined) {
-    answer({ cleanMemory: state.clean.memory, fingerprint: state.clean.fingerprint } satisfies WorkerCleanMemory);
+    answer(
+      {
+        cleanMemory: state.clean.memory,
+        fingerprint: state.clean.fingerprint,
+        ...(snapshotPages ? { snapshot: snapshotPages } : {}),
+      } satisfies WorkerCleanMemory,
+    );
   }
   step("clean point");
   postRunnerMessage(null, {
@@ -546,6 +562,39 @@ async function init(message: WorkerInit): Promise<void> {
   });
   // The start's garbage (a third of the JavaScript heap) would otherwise stay for the sandbox's life.
   whenQuiet(collectGarbage);
+}
+
+// The memory snapshot as this worker gives it to Pyodide (instance.ts, Snapshot): its header alone
+// when the process's first worker said where its pages are and the file is still the one it read;
+// else read whole, and `found` is told where its pages are.
+function openSnapshot(
+  path: string,
+  pages: SnapshotPages | undefined,
+  found: (pages: SnapshotPages) => void,
+): { snapshot: Snapshot; close: () => void } {
+  if (pages) {
+    const file = openSync(path);
+    const header = new Uint8Array(pages.header.length);
+    readAt(file, header, 0);
+    const same = header.every((byte, i) => byte === pages.header[i]);
+    if (same && file.statSync().size === header.length + pages.memoryBytes) {
+      return {
+        snapshot: { bytes: header, pages, read: (into, at) => readAt(file, into, at) },
+        close: () => file.close(),
+      };
+    }
+    file.close();
+  }
+  return { snapshot: { bytes: readFileSync(path), restored: found }, close: () => {} };
+}
+
+function readAt(file: Deno.FsFile, into: Uint8Array, position: number): void {
+  file.seekSync(position, Deno.SeekMode.Start);
+  for (let done = 0; done < into.length;) {
+    const read = file.readSync(into.subarray(done));
+    if (read === null) throw new Error("the memory snapshot file ended early");
+    done += read;
+  }
 }
 
 // Packages loaded and imported before the clean point: every caller's `import` finds them done,
