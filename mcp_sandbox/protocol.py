@@ -649,6 +649,18 @@ class ProcessLimits(TypedDict):
 # --- Runner <-> worker (Pyodide) ---
 
 
+class SnapshotPages(TypedDict):
+    """A memory snapshot file as Pyodide wrote it: ``header`` (its first bytes: magic, build id and
+    JSON), then ``memoryBytes`` of memory, of which the runs in ``copied`` ([start, end) offsets)
+    are not all zero and the pages in ``zero`` are. Every later worker of a process reads only
+    those runs from the file, straight into its memory."""
+
+    header: Uint8Array
+    memoryBytes: int
+    copied: Int32Array
+    zero: Int32Array
+
+
 class WorkerCleanMemory(TypedDict):
     """Sent once on the private channel, at the clean point, by a worker given no clean memory:
     its own, in shared memory, for the main thread to give every later worker (WorkerInit).
@@ -657,6 +669,8 @@ class WorkerCleanMemory(TypedDict):
 
     cleanMemory: Uint8Array
     fingerprint: str
+    #: where the memory snapshot's pages not all zero are, found as this worker restored it whole.
+    snapshot: NotRequired[SnapshotPages]
 
 
 class WorkerInit(TypedDict):

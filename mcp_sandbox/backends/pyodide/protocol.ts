@@ -328,13 +328,9 @@ export type WorkerModule = {
 export type WorkerCleanMemory = {
   cleanMemory: Uint8Array;
   fingerprint: string;
-  // Where the memory snapshot's pages not all zero are, found as the first worker restored it.
   snapshot?: SnapshotPages;
 };
 
-// A memory snapshot file as Pyodide wrote it: `header` (its first bytes: magic, build id and
-// JSON), then `memoryBytes` of memory, of which the runs in `copied` ([start, end) offsets) are
-// not all zero and the pages in `zero` are.
 export type SnapshotPages = {
   header: Uint8Array;
   memoryBytes: number;

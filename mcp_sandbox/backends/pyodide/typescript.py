@@ -93,6 +93,7 @@ TYPES = (
     "WorkerRecycledCrash",
     "WorkerModule",
     "WorkerCleanMemory",
+    "SnapshotPages",
     "WorkerMessage",
     "WorkerPost",
 )
