@@ -612,8 +612,6 @@ export class CleanState {
     isPyProxy = (value) => apply(pyProxyTest, PyProxy, [value]);
     this.builtIns = new BuiltIns();
     this.realm = walk([globalThis, ...realmRoots, ...this.table]);
-    // Twice more, so V8 compiles the check now rather than during the first callers' recycles.
-    for (let i = 0; i < 2; i++) realmChange(this.realm);
     this.shape = {
       memory: module.HEAP8.buffer.byteLength,
       stackPointer: this.stackPointer,
@@ -631,6 +629,12 @@ export class CleanState {
     this.memoryLength = this.memory.length;
     this.memoryWords = new Words(this.memory.buffer, this.memory.byteOffset, this.memoryLength / 4);
     watching = true;
+  }
+
+  // Runs the realm's check twice, so V8 compiles it before the first caller's recycle needs it.
+  // Only while no program has run since the clean point: the check then reads what is clean.
+  compileChecks(): void {
+    for (let i = 0; i < 2; i++) realmChange(this.realm);
   }
 
   // Files the host sends into data/ after the clean point are part of the clean state too. Their

@@ -560,8 +560,12 @@ async function init(message: WorkerInit): Promise<void> {
     ...(preloadFailed.length ? { preload_failed: preloadFailed } : {}),
     phases,
   });
-  // The start's garbage (a third of the JavaScript heap) would otherwise stay for the sandbox's life.
-  whenQuiet(collectGarbage);
+  // Work that need not delay `ready`: the recycle's checks compiled, and the start's garbage (a
+  // third of the JavaScript heap, which would otherwise stay for the sandbox's life) collected.
+  whenQuiet(() => {
+    if (!state.ranSinceClean) state.clean?.compileChecks();
+    collectGarbage();
+  });
 }
 
 // The memory snapshot as this worker gives it to Pyodide (instance.ts, Snapshot): its header alone
