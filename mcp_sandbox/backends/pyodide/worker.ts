@@ -579,9 +579,15 @@ function openSnapshot(
   if (pages) {
     const file = openSync(path);
     const header = new Uint8Array(pages.header.length);
-    readAt(file, header, 0);
-    const same = header.every((byte, i) => byte === pages.header[i]);
-    if (same && file.statSync().size === header.length + pages.memoryBytes) {
+    let same = false;
+    try {
+      readAt(file, header, 0);
+      same = header.every((byte, i) => byte === pages.header[i]) &&
+        file.statSync().size === header.length + pages.memoryBytes;
+    } catch {
+      // A file shorter than the header: read whole, it fails as it would have.
+    }
+    if (same) {
       return {
         snapshot: { bytes: header, pages, read: (into, at) => readAt(file, into, at) },
         close: () => file.close(),
