@@ -653,8 +653,11 @@ class SnapshotPages(TypedDict):
     """A memory snapshot file as Pyodide wrote it: ``header`` (its first bytes: magic, build id and
     JSON), then ``memoryBytes`` of memory, of which the runs in ``copied`` ([start, end) offsets)
     are not all zero and the pages in ``zero`` are. Every later worker of a process reads only
-    those runs from the file, straight into its memory."""
+    those runs from the file, straight into its memory, if the file is still the one read
+    (``identity``: its device, inode, size and change time; one made again is another file,
+    with other contents in the same layout or not)."""
 
+    identity: str
     header: Uint8Array
     memoryBytes: int
     copied: Int32Array

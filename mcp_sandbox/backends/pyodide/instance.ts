@@ -67,7 +67,7 @@ export type InstanceOptions = {
 // its pages not all zero are (a process's first worker); or the file's header alone, the rest
 // read from the file (`read(into, position)`) straight into memory, those pages only.
 export type Snapshot =
-  | { bytes: Uint8Array<ArrayBuffer>; restored: (pages: SnapshotPages) => void }
+  | { bytes: Uint8Array<ArrayBuffer>; restored: (pages: Omit<SnapshotPages, "identity">) => void }
   | { bytes: Uint8Array<ArrayBuffer>; pages: SnapshotPages; read: (into: Uint8Array, position: number) => void };
 
 export function hookInstance(options: InstanceOptions): void {

@@ -332,6 +332,7 @@ export type WorkerCleanMemory = {
 };
 
 export type SnapshotPages = {
+  identity: string;
   header: Uint8Array;
   memoryBytes: number;
   copied: Int32Array;

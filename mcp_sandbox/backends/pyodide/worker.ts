@@ -278,7 +278,6 @@ function refuseShared(): void {
 refuseShared();
 // Before Pyodide loads: what could leave work behind for a later call is wrapped (recycle.ts).
 const readDirSync = Deno.readDirSync;
-const readFileSync = Deno.readFileSync;
 const openSync = Deno.openSync;
 guardRealm(["execPath"]);
 
@@ -569,33 +568,29 @@ async function init(message: WorkerInit): Promise<void> {
 }
 
 // The memory snapshot as this worker gives it to Pyodide (instance.ts, Snapshot): its header alone
-// when the process's first worker said where its pages are and the file is still the one it read;
-// else read whole, and `found` is told where its pages are.
+// when the process's first worker said where its pages are and the file is the one it read; else
+// read whole, and `found` is told where its pages are.
 function openSnapshot(
   path: string,
   pages: SnapshotPages | undefined,
   found: (pages: SnapshotPages) => void,
 ): { snapshot: Snapshot; close: () => void } {
-  if (pages) {
-    const file = openSync(path);
-    const header = new Uint8Array(pages.header.length);
-    let same = false;
-    try {
-      readAt(file, header, 0);
-      same = header.every((byte, i) => byte === pages.header[i]) &&
-        file.statSync().size === header.length + pages.memoryBytes;
-    } catch {
-      // A file shorter than the header: read whole, it fails as it would have.
+  const file = openSync(path);
+  try {
+    const info = file.statSync();
+    const identity = `${info.dev}:${info.ino}:${info.size}:${info.ctime?.getTime()}`;
+    if (pages?.identity === identity) {
+      const read = (into: Uint8Array, at: number) => readAt(file, into, at);
+      return { snapshot: { bytes: pages.header.slice(), pages, read }, close: () => file.close() };
     }
-    if (same) {
-      return {
-        snapshot: { bytes: header, pages, read: (into, at) => readAt(file, into, at) },
-        close: () => file.close(),
-      };
-    }
+    const bytes = new Uint8Array(info.size);
+    readAt(file, bytes, 0);
     file.close();
+    return { snapshot: { bytes, restored: (runs) => found({ identity, ...runs }) }, close: () => {} };
+  } catch (error) {
+    file.close();
+    throw error;
   }
-  return { snapshot: { bytes: readFileSync(path), restored: found }, close: () => {} };
 }
 
 function readAt(file: Deno.FsFile, into: Uint8Array, position: number): void {
