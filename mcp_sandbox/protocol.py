@@ -652,8 +652,9 @@ class ProcessLimits(TypedDict):
 class SnapshotPages(TypedDict):
     """A memory snapshot file as Pyodide wrote it: ``header`` (its first bytes: magic, build id and
     JSON), then ``memoryBytes`` of memory, of which the runs in ``copied`` ([start, end) offsets)
-    are not all zero and the pages in ``zero`` are. Every later worker of a process reads only
-    those runs from the file, straight into its memory, if the file is still the one read
+    are not all zero and the pages in ``zero`` are. A worker started after the process's first
+    reached its clean point reads only those runs from the file, straight into its memory, if the
+    file is still the one read
     (``identity``: its device, inode, size and change time; one made again is another file,
     with other contents in the same layout or not)."""
 

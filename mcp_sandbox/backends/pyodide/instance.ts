@@ -134,7 +134,11 @@ export function hookInstance(options: InstanceOptions): void {
 // program writes.
 function restoreSparsely(settings: Settings, snapshot: Snapshot): void {
   const api = (settings as { API?: Record<string, unknown> }).API;
-  if (!api) return;
+  if (!api) {
+    // Given the header alone, Pyodide would start from an empty memory.
+    if ("pages" in snapshot) throw new Error("Pyodide's API is not where a sparse restore needs it");
+    return;
+  }
   // What Pyodide sets from the length of what it is given: the whole file's.
   if ("pages" in snapshot) settings.INITIAL_MEMORY = snapshot.bytes.length + snapshot.pages.memoryBytes;
   let restore: ((snapshot: Uint8Array) => unknown) | undefined;

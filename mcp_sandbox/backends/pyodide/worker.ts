@@ -102,6 +102,8 @@ type WorkerState = {
   clean: CleanState | null;
   // A program ran since the clean point (or the last recycle): a restore needs a clean sandbox.
   ranSinceClean: boolean;
+  // A program ran, or a checkpoint was restored, in this worker: never reset by a recycle.
+  ranAny: boolean;
   // The wheels loaded from the packages folder, and those of them loaded before the clean point
   // (a recycle goes back to them).
   loadedWheels: Set<string>;
@@ -128,6 +130,7 @@ const initial: Partial<WorkerState> = {
   watchingInterrupts: false,
   clean: null,
   ranSinceClean: false,
+  ranAny: false,
   loadedWheels: new Set(),
   cleanWheels: new Set(),
   queue: Promise.resolve(),
@@ -444,23 +447,23 @@ async function init(message: WorkerInit): Promise<void> {
     : undefined;
   step("snapshot read");
   state.signals = message.signals as Int32Array;
-  // Imported here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
-  await import("pyodide/pyodide.asm.js");
-  step("pyodide.asm.js");
-  hookInstance({
-    maxBytes: message.memoryMaxBytes,
-    signals: state.signals,
-    running: () => state.currentId !== null,
-    exited: (status) => {
-      state.exitStatus ??= status;
-    },
-    module: message.module as WebAssembly.Module | undefined,
-    compiled: (module) => {
-      if (!message.module) answer({ module } satisfies WorkerModule);
-    },
-    ...(opened ? { snapshot: opened.snapshot } : {}),
-  });
   try {
+    // Imported here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
+    await import("pyodide/pyodide.asm.js");
+    step("pyodide.asm.js");
+    hookInstance({
+      maxBytes: message.memoryMaxBytes,
+      signals: state.signals,
+      running: () => state.currentId !== null,
+      exited: (status) => {
+        state.exitStatus ??= status;
+      },
+      module: message.module as WebAssembly.Module | undefined,
+      compiled: (module) => {
+        if (!message.module) answer({ module } satisfies WorkerModule);
+      },
+      ...(opened ? { snapshot: opened.snapshot } : {}),
+    });
     state.pyodide = await loadPyodide({
       ...PYODIDE_OPTIONS,
       ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
@@ -562,7 +565,8 @@ async function init(message: WorkerInit): Promise<void> {
   // Work that need not delay `ready`: the recycle's checks compiled, and the start's garbage (a
   // third of the JavaScript heap, which would otherwise stay for the sandbox's life) collected.
   whenQuiet(() => {
-    if (!state.ranSinceClean) state.clean?.compileChecks();
+    // Only before any program: the check runs on built-ins a program could have replaced since.
+    if (!state.ranAny) state.clean?.compileChecks();
     collectGarbage();
   });
 }
@@ -651,7 +655,7 @@ async function run(message: RunMessage): Promise<void> {
   state.exitStatus = null;
   // A sandbox fresh from its clean point holds the generators every other one starts with.
   if (!state.ranSinceClean) state.reseed();
-  state.ranSinceClean = true;
+  state.ranSinceClean = state.ranAny = true;
   let outcome: unknown;
   let problems: string[] = [];
   let unwound: Unwinding | null = null;
@@ -812,7 +816,7 @@ function restore(message: WorkerRestore): void {
       reason = `the checkpoint could not be restored: ${scrub(String(error))}`;
     }
   }
-  if (reason === null) state.ranSinceClean = true;
+  if (reason === null) state.ranSinceClean = state.ranAny = true;
   const reply: RestoredMessage = {
     type: "restored",
     id: message.id,
@@ -844,13 +848,12 @@ function warmUpStep(): void {
 }
 
 // Runs `task` once no message has come for JIT_WARM_UP_IDLE_MS and none is waiting.
+// While a message is handled, it looks again a whole quiet time later (a long run is not polled).
 function whenQuiet(task: () => void): void {
-  const quiet = performance.now() - state.lastMessageAt;
-  if (state.waiting > 0 || quiet < JIT_WARM_UP_IDLE_MS) {
-    hostSetTimeout(() => whenQuiet(task), JIT_WARM_UP_IDLE_MS - Math.min(quiet, JIT_WARM_UP_IDLE_MS) + 1);
-  } else {
-    task();
-  }
+  const quiet = now() - state.lastMessageAt;
+  if (state.waiting > 0) hostSetTimeout(() => whenQuiet(task), JIT_WARM_UP_IDLE_MS);
+  else if (quiet < JIT_WARM_UP_IDLE_MS) hostSetTimeout(() => whenQuiet(task), JIT_WARM_UP_IDLE_MS - quiet + 1);
+  else task();
 }
 
 // A kill that reaches this worker's event loop finds its program parked (awaiting): no signal check
@@ -899,7 +902,7 @@ function enqueue(message: Exclude<WorkerMessage, { type: "tool_result" }> | Cont
     postRunnerMessage(null, { type: "progress", line: `sandbox set-up failed: ${error}` });
   }).finally(() => {
     state.waiting--;
-    state.lastMessageAt = performance.now(); // quiet time counts from the end of the last run
+    state.lastMessageAt = now(); // quiet time counts from the end of the last run
   });
 }
 
