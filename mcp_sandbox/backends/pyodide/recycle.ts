@@ -632,7 +632,7 @@ export class CleanState {
   }
 
   // Runs the realm's check twice, so V8 compiles it before the first caller's recycle needs it.
-  // Only while no program has run since the clean point: the check then reads what is clean.
+  // Only while no program has run in the worker: the check runs on built-ins a program could replace.
   compileChecks(): void {
     for (let i = 0; i < 2; i++) realmChange(this.realm);
   }
