@@ -95,9 +95,13 @@ export function hookInstance(options: InstanceOptions): void {
         maximum: Math.max(pages(initial), pages(options.maxBytes)),
       });
     }
-    const instantiate = settings.instantiateWasm;
+    // Pyodide's instantiateWasm holds the binary it read (8.6 MB) for as long as it is reachable:
+    // called once, then let go, so the binary is garbage once the instance is made.
+    let instantiate = settings.instantiateWasm;
     if (instantiate) {
       settings.instantiateWasm = (imports, done) => {
+        const original = instantiate!;
+        instantiate = undefined;
         const api = (settings as { API?: { NoGilError?: typeof Error } }).API;
         if (api?.NoGilError) Object.setPrototypeOf(Unwinding.prototype, api.NoGilError.prototype);
         const check = imports.env._Py_CheckEmscriptenSignals_Helper as () => number;
@@ -117,7 +121,7 @@ export function hookInstance(options: InstanceOptions): void {
           if (table && "proc_exit" in table) table.proc_exit = exit;
         }
         const restore = options.module ? reuseModule(options.module) : () => {};
-        return instantiate(imports, (instance, module) => {
+        return original(imports, (instance, module) => {
           restore();
           options.compiled(module);
           done(hookCalloc(imports, instance), module);
