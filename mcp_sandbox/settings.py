@@ -195,8 +195,9 @@ class Settings(BaseSettings):
         100,
         ge=0,
         le=10_000,
-        description="pyodide: after a session's first call, its sandbox uses idle time to run a sample "
-        "program this many times so V8 compiles Pyodide's hot code (0: off).",
+        description="pyodide: the first sandbox of each Deno process asked to (a pooled one, or a session's "
+        "after its first call) uses idle time to run a sample program this many times so V8 compiles "
+        "Pyodide's hot code, which every sandbox of that process then runs (0: off).",
     )
     pyodide_tier_up: bool = Field(
         True,
