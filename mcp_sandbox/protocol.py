@@ -675,6 +675,9 @@ class WorkerCleanMemory(TypedDict):
     fingerprint: str
     #: where the memory snapshot's pages not all zero are, found as this worker restored it whole.
     snapshot: NotRequired[SnapshotPages]
+    #: V8's code for Pyodide's runtime script (script.ts), compiled as this worker started: a later
+    #: worker compiles none of it again.
+    codeCache: NotRequired[Uint8Array]
 
 
 class WorkerInit(TypedDict):

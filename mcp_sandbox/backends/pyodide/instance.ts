@@ -3,7 +3,7 @@
 // a replacement worker instantiating the module its process compiled once.
 //
 // Pyodide passes no Emscripten settings through loadPyodide, so its module factory is wrapped
-// after pyodide.asm.js is imported and before loadPyodide runs it.
+// after pyodide.asm.js has run (script.ts) and before loadPyodide calls it.
 import { hookCalloc, type Imports, type Instance, restoreCalloc } from "./linker.ts";
 import { SIGNAL_KILL, type SnapshotPages } from "./protocol.ts";
 import { copySparsely, readSparsely, watchFinalizers, watchSuspensions } from "./recycle.ts";

@@ -329,6 +329,7 @@ export type WorkerCleanMemory = {
   cleanMemory: Uint8Array;
   fingerprint: string;
   snapshot?: SnapshotPages;
+  codeCache?: Uint8Array;
 };
 
 export type SnapshotPages = {

@@ -8,6 +8,7 @@ import { loadGuestModules } from "./modules.ts";
 import { asTheWorker, CleanState, guardRealm, hostSetTimeout, type RecycleOutcome, taint } from "./recycle.ts";
 import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
 import { hookInstance, Killed, type Snapshot, Unwinding } from "./instance.ts";
+import { type PyodideScript, runPyodideScript } from "./script.ts";
 import {
   type CheckpointedMessage,
   type ControlAnswer,
@@ -444,14 +445,15 @@ async function init(message: WorkerInit): Promise<void> {
   };
   const { packagesDir: packages, snapshot } = message;
   let snapshotPages: SnapshotPages | undefined; // found by this worker's restore, if it reads it whole
+  let script: PyodideScript;
   const opened = snapshot
     ? openSnapshot(snapshot, message.clean?.snapshot, (found) => snapshotPages = found)
     : undefined;
   step("snapshot read");
   state.signals = message.signals as Int32Array;
   try {
-    // Imported here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
-    await import("pyodide/pyodide.asm.js");
+    // Run here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
+    script = runPyodideScript(message.clean?.codeCache);
     step("pyodide.asm.js");
     hookInstance({
       maxBytes: message.memoryMaxBytes,
@@ -552,6 +554,7 @@ async function init(message: WorkerInit): Promise<void> {
         cleanMemory: state.clean.memory,
         fingerprint: state.clean.fingerprint,
         ...(snapshotPages ? { snapshot: snapshotPages } : {}),
+        codeCache: script!.codeCache(),
       } satisfies WorkerCleanMemory,
     );
   }

@@ -1,0 +1,40 @@
+// Pyodide's runtime script, pyodide.asm.js, run as Node's CommonJS loader runs it but compiled
+// through node:vm, so that a worker can start from the V8 code its process's first worker cached:
+// Deno's own code cache does not serve this file, whose compiling took 30 ms of every start.
+import { createRequire } from "node:module";
+import { pathToFileURL } from "node:url";
+import vm from "node:vm";
+
+const SCRIPT_URL = import.meta.resolve("pyodide/pyodide.asm.js");
+
+export type PyodideScript = {
+  // V8's code for the script and for each of its functions compiled so far.
+  codeCache(): Uint8Array;
+  // A code cache was given and V8 refused it (another V8, other flags, another file).
+  cacheRejected: boolean;
+};
+
+// Defines Pyodide's module factory (`_createPyodideModule`), which loadPyodide then uses instead of
+// loading the script itself.
+export function runPyodideScript(codeCache?: Uint8Array): PyodideScript {
+  const file = new URL(SCRIPT_URL).pathname;
+  const folder = file.slice(0, file.lastIndexOf("/"));
+  const require = createRequire(file);
+  // The wrapper is CommonJS's, on the script's first line: its `require` and `__dirname` are the
+  // ones the script reads when it runs in Node (as Pyodide's loader runs it here).
+  const wrapped = `(function (exports, require, module, __filename, __dirname) {${Deno.readTextFileSync(file)}\n})`;
+  const script = new vm.Script(wrapped, {
+    filename: SCRIPT_URL,
+    ...(codeCache ? { cachedData: codeCache } : {}),
+    // Bare names resolve from Pyodide's package, as they would for the script imported.
+    importModuleDynamically: ((specifier: string) =>
+      import(/^[a-z]+:/.test(specifier) ? specifier : pathToFileURL(require.resolve(specifier)).href)) as never,
+  });
+  const run = script.runInThisContext() as (...args: unknown[]) => void;
+  const module = { exports: {} };
+  run.call(module.exports, module.exports, require, module, file, folder);
+  return {
+    codeCache: () => script.createCachedData(),
+    cacheRejected: codeCache !== undefined && script.cachedDataRejected === true,
+  };
+}
