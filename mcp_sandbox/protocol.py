@@ -337,6 +337,10 @@ class InitMessage(TypedDict):
     packages_dir: NotRequired[str]
     allow_net: NotRequired[str]
     snapshot: NotRequired[str]
+    #: (Pyodide) V8's code cache of Pyodide's runtime script, made for the runner's V8 flags, and
+    #: its sha256 (V8 itself finds no damage in a cache's body).
+    code_cache: NotRequired[str]
+    code_cache_sha256: NotRequired[str]
     #: The one folder the runner writes, for checkpoint files; the sandbox never reaches it.
     checkpoint_dir: NotRequired[str]
     #: (Pyodide) packages of the packages folder to load and import before the clean point.
@@ -449,6 +453,8 @@ class ReadyMessage(TypedDict):
     preload_failed: NotRequired[list[str]]
     #: (Pyodide) the steps of ``load_ms`` in order, each with its milliseconds (the debug log's).
     phases: NotRequired[list[tuple[str, int]]]
+    #: (Pyodide) whether V8 took the code cache of Pyodide's runtime script it was given (script.ts).
+    code_cache: NotRequired[Literal["used", "refused"]]
 
 
 class ResultMessage(TypedDict):
@@ -675,9 +681,6 @@ class WorkerCleanMemory(TypedDict):
     fingerprint: str
     #: where the memory snapshot's pages not all zero are, found as this worker restored it whole.
     snapshot: NotRequired[SnapshotPages]
-    #: V8's code for Pyodide's runtime script (script.ts), compiled as this worker started: a later
-    #: worker compiles none of it again.
-    codeCache: NotRequired[Uint8Array]
 
 
 class WorkerInit(TypedDict):
@@ -699,6 +702,10 @@ class WorkerInit(TypedDict):
     #: The process's clean memory, shared: a worker whose clean point has the same fingerprint and
     #: whose memory differs from it in a few pages only (its start's timestamps) adopts it.
     clean: NotRequired[WorkerCleanMemory]
+    #: V8's code cache of Pyodide's runtime script (script.ts), read from InitMessage.code_cache;
+    #: ``codeCacheDamaged`` when that file is not the one the host made, and none is given.
+    codeCache: NotRequired[Uint8Array]
+    codeCacheDamaged: NotRequired[bool]
 
 
 class DataFile(TypedDict):

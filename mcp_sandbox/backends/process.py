@@ -223,13 +223,22 @@ class ProcessExecutor(Executor):
         if message["type"] != "ready":
             raise SandboxDied(f"the sandbox sent {message['type']!r} before it was ready")
         phases = ", ".join(f"{name} {ms}" for name, ms in message.get("phases", []))
+        code_cache = message.get("code_cache")
         logger.debug(
-            "%s sandbox %d ready in %d ms%s",
+            "%s sandbox %d ready in %d ms%s%s",
             self.backend,
             self.pid,
             message["load_ms"],
             f" ({phases})" if phases else "",
+            f", code cache {code_cache}" if code_cache else "",
         )
+        if code_cache == "refused" and "code cache" not in _said:
+            _said.add("code cache")
+            logger.warning(
+                "V8 refused the code cache of Pyodide's runtime script (made by another Deno, or "
+                "damaged): each sandbox compiles the script itself, about 80 ms more per start; "
+                "delete the .jscache files in the cache folder to have it made again"
+            )
         for failed in message.get("preload_failed", []):
             if failed not in _said:
                 _said.add(failed)

@@ -38,6 +38,7 @@ def test_wheel_contains_the_runner(wheel: Path) -> None:
         "options.ts",
         "modules.ts",
         "snapshot.ts",
+        "script.ts",
         "deno.json",
         "deno.lock",
     ):

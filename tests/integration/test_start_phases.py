@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 import anyio
 import pytest
@@ -41,9 +42,63 @@ async def test_the_debug_log_says_each_step_of_a_sandboxs_start(caplog: pytest.L
             task_group.cancel_scope.cancel()
     said = [record.getMessage() for record in caplog.records if " ready in " in record.getMessage()]
     assert said, "no debug line said the sandbox was ready"
-    found = re.fullmatch(r"pyodide sandbox \d+ ready in (\d+) ms \((.*)\)", said[0])
+    found = re.fullmatch(r"pyodide sandbox \d+ ready in (\d+) ms \((.*)\)(, code cache \w+)?", said[0])
     assert found is not None, said[0]
     steps = [part.rsplit(" ", 1) for part in found[2].split(", ")]
     assert [name for name, _ in steps] == STEPS, said[0]
     # Whole milliseconds each, rounded: their sum is the load's, give or take a millisecond a step.
     assert abs(sum(int(ms) for _, ms in steps) - int(found[1])) <= len(STEPS), said[0]
+
+
+def ready_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records if " ready in " in record.getMessage()]
+
+
+async def test_every_sandbox_starts_from_the_code_cache_made_with_the_snapshot(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = Settings(
+        backend="pyodide", default_packages="", pyodide_tier_up=False, sandboxes_per_process=2
+    )
+    caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
+    async with anyio.create_task_group() as task_group:
+        backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
+        first = await backend.start()
+        later = await backend.start()
+        try:
+            assert first.pid == later.pid  # type: ignore[attr-defined]
+            for executor in (first, later):
+                assert (await executor.run("6 * 7", 60)).result == "42"
+        finally:
+            for executor in (first, later):
+                await executor.close()
+            task_group.cancel_scope.cancel()
+    said = ready_lines(caplog)
+    assert len(said) == 2 and all(line.endswith(", code cache used") for line in said), said
+
+
+async def test_a_damaged_code_cache_is_not_used_and_the_sandbox_starts_without_it(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    settings = Settings(backend="pyodide", default_packages="", pyodide_tier_up=False)
+    caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
+    async with anyio.create_task_group() as task_group:
+        backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
+        made: Path = backend._code_cache  # type: ignore[attr-defined]
+        assert made is not None, "the backend made no code cache"
+        # One byte changed in its body, under the name the host gave it: V8 alone would take it.
+        damaged = bytearray(made.read_bytes())
+        damaged[len(damaged) // 2] ^= 0xFF
+        copy = tmp_path / made.name
+        copy.write_bytes(bytes(damaged))
+        backend._code_cache = copy  # type: ignore[attr-defined]
+        executor = await backend.start()
+        try:
+            assert (await executor.run("6 * 7", 60)).result == "42"
+        finally:
+            await executor.close()
+            task_group.cancel_scope.cancel()
+    said = ready_lines(caplog)
+    assert len(said) == 1 and said[0].endswith(", code cache refused"), said
+    warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert any("refused the code cache" in message for message in warned), warned

@@ -110,6 +110,8 @@ class PyodideBackend(Backend):
         self._version = pyodide_version()
         self._pyodide_dir: Path | None = None
         self._snapshot: Path | None = None
+        #: V8's code cache of Pyodide's runtime script, for the runner's V8 flags (script.ts).
+        self._code_cache: Path | None = None
         self._build: str | None = None
         self._packages: DefaultPackages | None = None
         #: Loaded and imported by every sandbox before its clean point.
@@ -157,6 +159,7 @@ class PyodideBackend(Backend):
             raise SandboxStartError(f"Pyodide {self._version} is not in the Deno cache at {self._deno_dir}")
         self._pyodide_dir = found[0]
         self._snapshot = await self._make_snapshot()
+        self._code_cache = await self._make_code_cache() if self._snapshot else None
         self._packages = self._default_packages()
         self.preload = self._present(self._settings.preload_package_names)
         self._build = self._build_id()
@@ -218,7 +221,7 @@ class PyodideBackend(Backend):
         from them all); None (slower starts) when it cannot be made."""
         assert self._pyodide_dir is not None
         guest = json.dumps(GUEST_MODULES).encode()
-        scripts = (self._runner / name for name in ("snapshot.ts", "options.ts", "modules.ts"))
+        scripts = (self._runner / name for name in ("snapshot.ts", "options.ts", "modules.ts", "script.ts"))
         tag = hashlib.sha256(b"".join(path.read_bytes() for path in scripts) + guest).hexdigest()[:12]
         snapshot = self._settings.cache_dir / f"pyodide-{self._version}-{tag}.snapshot"
         if snapshot.is_file():
@@ -236,6 +239,7 @@ class PyodideBackend(Backend):
             f"--allow-read={self._runner},{self._pyodide_dir},{sources}",
             f"--allow-write={partial}",
             str(self._runner / "snapshot.ts"),
+            "snapshot",
             str(partial),
             str(sources),
         ]
@@ -252,6 +256,50 @@ class PyodideBackend(Backend):
         finally:
             sources.unlink(missing_ok=True)
         partial.unlink(missing_ok=True)
+        return None
+
+    async def _make_code_cache(self) -> Path | None:
+        """V8's code cache of Pyodide's runtime script as a sandbox starts from the snapshot, made
+        once per snapshot, Deno binary and V8 flags (V8 refuses it for any other); None when it
+        cannot be made: each process's first sandbox then compiles the script itself."""
+        assert self._pyodide_dir is not None and self._snapshot is not None
+        deno = self._deno.stat()
+        key = [self._code_flags(), (self._runner / "script.ts").read_text(), deno.st_size, deno.st_mtime_ns]
+        tag = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
+        # Named by its sha256 too, which the runner checks: V8 finds no damage in a cache's body.
+        for found in self._snapshot.parent.glob(f"{self._snapshot.stem}-{tag}-*.jscache"):
+            return found
+        partial = self._snapshot.with_name(f"{self._snapshot.stem}-{tag}.{os.getpid()}.part")
+        command = [
+            str(self._deno),
+            "run",
+            "--no-prompt",
+            "--cached-only",
+            f"--v8-flags={self._code_flags()}",
+            "--config",
+            str(self._runner / "deno.json"),
+            f"--allow-read={self._runner},{self._pyodide_dir},{self._snapshot}",
+            f"--allow-write={partial}",
+            str(self._runner / "snapshot.ts"),
+            "code-cache",
+            str(self._snapshot),
+            str(partial),
+        ]
+        try:
+            with anyio.move_on_after(60):
+                done = await anyio.run_process(command, env=self._sandbox_env(), cwd="/", check=False)
+                if done.returncode == 0 and partial.is_file():
+                    digest = hashlib.sha256(partial.read_bytes()).hexdigest()
+                    cache = self._snapshot.with_name(f"{self._snapshot.stem}-{tag}-{digest}.jscache")
+                    partial.replace(cache)
+                    return cache
+                logger.warning(
+                    "no code cache for Pyodide's runtime script (each process's first sandbox starts more "
+                    "slowly): %s",
+                    done.stderr.decode(errors="replace").strip()[-400:],
+                )
+        finally:
+            partial.unlink(missing_ok=True)
         return None
 
     @property
@@ -313,13 +361,7 @@ class PyodideBackend(Backend):
             # Lets the runner give its worker, where sandboxed code runs, fewer permissions still.
             "--unstable-worker-options",
             # The JavaScript heap's own cap; WebAssembly memory has its own maximum (memory_max_bytes).
-            f"--v8-flags=--max-old-space-size={self._settings.memory_mb}"
-            # A young generation of 1 MB, not up to 16: each sandbox idles with 8 MB less.
-            + ",--max-semi-space-size=1"
-            # For the worker alone to collect once a sandbox goes idle (worker.ts, collectGarbage).
-            + ",--expose-gc"
-            # Baseline (Liftoff) code only: no optimizing recompilation in background threads.
-            + ("" if self._settings.pyodide_tier_up else ",--liftoff-only"),
+            f"--v8-flags=--max-old-space-size={self._settings.memory_mb},{self._code_flags()}",
             "--config",
             str(self._runner / "deno.json"),
             # Its token, for the main thread alone: each worker, where sandboxed code runs, has no env.
@@ -332,8 +374,21 @@ class PyodideBackend(Backend):
             str(self._runner / "runner.ts"),
         ]
 
+    def _code_flags(self) -> str:
+        """The runner's V8 flags that a code cache must have been made with (V8 refuses it else)."""
+        return ",".join(
+            [
+                # A young generation of 1 MB, not up to 16: each sandbox idles with 8 MB less.
+                "--max-semi-space-size=1",
+                # For the worker alone to collect once a sandbox goes idle (worker.ts, collectGarbage).
+                "--expose-gc",
+                # Baseline (Liftoff) code only: no optimizing recompilation in background threads.
+                *([] if self._settings.pyodide_tier_up else ["--liftoff-only"]),
+            ]
+        )
+
     def _readable(self) -> list[Path]:
-        readable = [self._runner, self._pyodide_dir, self._snapshot]
+        readable = [self._runner, self._pyodide_dir, self._snapshot, self._code_cache]
         if self._settings.data_dir is not None:
             readable.append(self._settings.data_dir)
         if self._settings.packages_folder.is_dir():
@@ -427,6 +482,9 @@ class PyodideBackend(Backend):
             init["allow_net"] = settings.allow_net
         if self._snapshot is not None:
             init["snapshot"] = str(self._snapshot)
+        if self._code_cache is not None:
+            init["code_cache"] = str(self._code_cache)
+            init["code_cache_sha256"] = self._code_cache.stem.rsplit("-", 1)[1]
         if self.preload:
             init["preload"] = self.preload
         return init

@@ -84,6 +84,8 @@ export type InitMessage = {
   packages_dir?: string;
   allow_net?: string;
   snapshot?: string;
+  code_cache?: string;
+  code_cache_sha256?: string;
   checkpoint_dir?: string;
   preload?: string[];
   memory_max_bytes?: number;
@@ -162,6 +164,7 @@ export type ReadyMessage = {
   load_ms: number;
   preload_failed?: string[];
   phases?: [string, number][];
+  code_cache?: "used" | "refused";
 };
 
 export type ResultMessage = {
@@ -261,6 +264,8 @@ export type WorkerInit = {
   memoryMaxBytes?: number;
   module?: WebAssembly.Module;
   clean?: WorkerCleanMemory;
+  codeCache?: Uint8Array;
+  codeCacheDamaged?: boolean;
 };
 
 export type DataFile = {
@@ -329,7 +334,6 @@ export type WorkerCleanMemory = {
   cleanMemory: Uint8Array;
   fingerprint: string;
   snapshot?: SnapshotPages;
-  codeCache?: Uint8Array;
 };
 
 export type SnapshotPages = {

@@ -85,10 +85,27 @@ let clean: WorkerCleanMemory | null = null;
 // Whether a worker was asked to warm V8's JIT up: what it tiers up is the module's code, which
 // every worker runs, so one warm-up serves the whole process (a later one spent 0.2 s of CPU).
 let warmUpAsked = false;
+// V8's code cache of Pyodide's runtime script (InitMessage.code_cache), read and checked once for
+// every worker: "damaged" when it is not what the host made (V8 would not notice).
+let codeCacheRead: Uint8Array | "damaged" | null | undefined;
 const sandboxes = new Map<number, Sandbox>();
 // Sandboxes asked for while the first worker compiles: started once it hands its module over (or
 // fails), so no two compile it.
 const waiting = new Map<number, InitMessage>();
+
+function codeCache(message: InitMessage): Pick<WorkerInit, "codeCache" | "codeCacheDamaged"> {
+  if (codeCacheRead === undefined) {
+    try {
+      const bytes = message.code_cache ? Deno.readFileSync(message.code_cache) : null;
+      const digest = bytes && createHash("sha256").update(bytes).digest("hex");
+      codeCacheRead = bytes && digest !== message.code_cache_sha256 ? "damaged" : bytes;
+    } catch {
+      codeCacheRead = "damaged"; // gone since the host made it
+    }
+  }
+  if (codeCacheRead === "damaged") return { codeCacheDamaged: true };
+  return codeCacheRead ? { codeCache: codeCacheRead } : {};
+}
 
 function moduleSettled(): void {
   for (const [number, init] of waiting) sandboxes.set(number, new Sandbox(number, init));
@@ -351,6 +368,7 @@ class Sandbox {
       ...(message.snapshot ? { snapshot: message.snapshot } : {}),
       ...(message.preload ? { preload: message.preload } : {}),
       ...(clean ? { clean } : {}),
+      ...codeCache(message),
     };
     this.ranSinceStart = false;
     started.postMessage(init, [channel.port2]);

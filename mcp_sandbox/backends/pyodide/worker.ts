@@ -8,7 +8,7 @@ import { loadGuestModules } from "./modules.ts";
 import { asTheWorker, CleanState, guardRealm, hostSetTimeout, type RecycleOutcome, taint } from "./recycle.ts";
 import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
 import { hookInstance, Killed, type Snapshot, Unwinding } from "./instance.ts";
-import { type PyodideScript, runPyodideScript } from "./script.ts";
+import { runPyodideScript } from "./script.ts";
 import {
   type CheckpointedMessage,
   type ControlAnswer,
@@ -445,7 +445,7 @@ async function init(message: WorkerInit): Promise<void> {
   };
   const { packagesDir: packages, snapshot } = message;
   let snapshotPages: SnapshotPages | undefined; // found by this worker's restore, if it reads it whole
-  let script: PyodideScript;
+  let codeCache: "used" | "refused" | undefined = message.codeCacheDamaged ? "refused" : undefined;
   const opened = snapshot
     ? openSnapshot(snapshot, message.clean?.snapshot, (found) => snapshotPages = found)
     : undefined;
@@ -453,7 +453,8 @@ async function init(message: WorkerInit): Promise<void> {
   state.signals = message.signals as Int32Array;
   try {
     // Run here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
-    script = runPyodideScript(message.clean?.codeCache);
+    const script = runPyodideScript(message.codeCache);
+    if (message.codeCache) codeCache = script.cacheRejected ? "refused" : "used";
     step("pyodide.asm.js");
     hookInstance({
       maxBytes: message.memoryMaxBytes,
@@ -554,7 +555,6 @@ async function init(message: WorkerInit): Promise<void> {
         cleanMemory: state.clean.memory,
         fingerprint: state.clean.fingerprint,
         ...(snapshotPages ? { snapshot: snapshotPages } : {}),
-        codeCache: script!.codeCache(),
       } satisfies WorkerCleanMemory,
     );
   }
@@ -564,6 +564,7 @@ async function init(message: WorkerInit): Promise<void> {
     python: sys.version.split(" ")[0],
     pyodide: state.pyodide.version,
     load_ms: Math.round(performance.now() - started),
+    ...(codeCache ? { code_cache: codeCache } : {}),
     ...(preloadFailed.length ? { preload_failed: preloadFailed } : {}),
     phases,
   });
