@@ -229,33 +229,17 @@ class PyodideBackend(Backend):
         partial = snapshot.with_suffix(f".{os.getpid()}.part")
         sources = snapshot.with_suffix(f".{os.getpid()}.guest.json")
         sources.write_bytes(guest)
-        command = [
-            str(self._deno),
-            "run",
-            "--no-prompt",
-            "--cached-only",
-            "--config",
-            str(self._runner / "deno.json"),
-            f"--allow-read={self._runner},{self._pyodide_dir},{sources}",
-            f"--allow-write={partial}",
-            str(self._runner / "snapshot.ts"),
-            "snapshot",
-            str(partial),
-            str(sources),
-        ]
         try:
-            with anyio.move_on_after(120):
-                done = await anyio.run_process(command, env=self._sandbox_env(), cwd="/", check=False)
-                if done.returncode == 0 and partial.is_file():
-                    partial.replace(snapshot)
-                    return snapshot
-                logger.warning(
-                    "no Pyodide memory snapshot (sandboxes start more slowly): %s",
-                    done.stderr.decode(errors="replace").strip()[-400:],
-                )
+            failed = await self._snapshot_script(
+                "snapshot", partial, sources, writes=partial, read=[sources], timeout=120
+            )
         finally:
             sources.unlink(missing_ok=True)
+        if failed is None:
+            partial.replace(snapshot)
+            return snapshot
         partial.unlink(missing_ok=True)
+        logger.warning("no Pyodide memory snapshot (sandboxes start more slowly): %s", failed)
         return None
 
     async def _make_code_cache(self) -> Path | None:
@@ -270,37 +254,58 @@ class PyodideBackend(Backend):
         for found in self._snapshot.parent.glob(f"{self._snapshot.stem}-{tag}-*.jscache"):
             return found
         partial = self._snapshot.with_name(f"{self._snapshot.stem}-{tag}.{os.getpid()}.part")
+        failed = await self._snapshot_script(
+            "code-cache",
+            self._snapshot,
+            partial,
+            writes=partial,
+            read=[self._snapshot],
+            timeout=60,
+            v8_flags=self._code_flags(),
+        )
+        if failed is None:
+            digest = hashlib.sha256(partial.read_bytes()).hexdigest()
+            cache = self._snapshot.with_name(f"{self._snapshot.stem}-{tag}-{digest}.jscache")
+            partial.replace(cache)
+            return cache
+        partial.unlink(missing_ok=True)
+        logger.warning(
+            "no code cache of Pyodide's runtime script (each process's first sandbox starts more slowly): %s",
+            failed,
+        )
+        return None
+
+    async def _snapshot_script(
+        self,
+        mode: str,
+        *args: Path,
+        writes: Path,
+        read: list[Path],
+        timeout: float,
+        v8_flags: str | None = None,
+    ) -> str | None:
+        """Run snapshot.ts in `mode` with `args`: None once it has written `writes`, else why not."""
+        assert self._pyodide_dir is not None
         command = [
             str(self._deno),
             "run",
             "--no-prompt",
             "--cached-only",
-            f"--v8-flags={self._code_flags()}",
+            *([f"--v8-flags={v8_flags}"] if v8_flags else []),
             "--config",
             str(self._runner / "deno.json"),
-            f"--allow-read={self._runner},{self._pyodide_dir},{self._snapshot}",
-            f"--allow-write={partial}",
+            "--allow-read=" + ",".join(str(path) for path in [self._runner, self._pyodide_dir, *read]),
+            f"--allow-write={writes}",
             str(self._runner / "snapshot.ts"),
-            "code-cache",
-            str(self._snapshot),
-            str(partial),
+            mode,
+            *(str(arg) for arg in args),
         ]
-        try:
-            with anyio.move_on_after(60):
-                done = await anyio.run_process(command, env=self._sandbox_env(), cwd="/", check=False)
-                if done.returncode == 0 and partial.is_file():
-                    digest = hashlib.sha256(partial.read_bytes()).hexdigest()
-                    cache = self._snapshot.with_name(f"{self._snapshot.stem}-{tag}-{digest}.jscache")
-                    partial.replace(cache)
-                    return cache
-                logger.warning(
-                    "no code cache for Pyodide's runtime script (each process's first sandbox starts more "
-                    "slowly): %s",
-                    done.stderr.decode(errors="replace").strip()[-400:],
-                )
-        finally:
-            partial.unlink(missing_ok=True)
-        return None
+        with anyio.move_on_after(timeout):
+            done = await anyio.run_process(command, env=self._sandbox_env(), cwd="/", check=False)
+            if done.returncode == 0 and await anyio.Path(writes).is_file():
+                return None
+            return done.stderr.decode(errors="replace").strip()[-400:]
+        return f"it took over {timeout:g} s"
 
     @property
     def index_url(self) -> str:
