@@ -453,8 +453,9 @@ class ReadyMessage(TypedDict):
     preload_failed: NotRequired[list[str]]
     #: (Pyodide) the steps of ``load_ms`` in order, each with its milliseconds (the debug log's).
     phases: NotRequired[list[tuple[str, int]]]
-    #: (Pyodide) whether V8 took the code cache of Pyodide's runtime script it was given (script.ts).
-    code_cache: NotRequired[Literal["used", "refused"]]
+    #: (Pyodide) what became of the code cache of Pyodide's runtime script (script.ts): V8 took it,
+    #: refused it (another V8, other flags), or it was not the file the host made (missing, damaged).
+    code_cache: NotRequired[Literal["used", "refused", "damaged"]]
 
 
 class ResultMessage(TypedDict):
@@ -792,6 +793,13 @@ class WorkerModule(TypedDict):
     the main thread to start a replacement worker from."""
 
     module: WasmModule
+
+
+class WorkerWarmedUp(TypedDict):
+    """Sent on the private channel when a JIT warm-up ran all its rounds: what V8 compiled is the
+    module's code, which every worker of the process runs, so the main thread asks no other."""
+
+    warmedUp: Literal[True]
 
 
 WorkerMessage = WorkerInit | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage

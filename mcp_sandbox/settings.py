@@ -195,9 +195,10 @@ class Settings(BaseSettings):
         100,
         ge=0,
         le=10_000,
-        description="pyodide: the first sandbox of each Deno process asked to (a pooled one, or a session's "
-        "after its first call) uses idle time to run a sample program this many times so V8 compiles "
-        "Pyodide's hot code, which every sandbox of that process then runs (0: off).",
+        description="pyodide: a sandbox asked to (a pooled one, or a session's after its first call) uses "
+        "idle time to run a sample program this many times so V8 compiles Pyodide's hot code; once one "
+        "sandbox of a Deno process has run them all, the process's others skip it, since they run the "
+        "same compiled code (0: off).",
     )
     pyodide_tier_up: bool = Field(
         True,

@@ -232,12 +232,13 @@ class ProcessExecutor(Executor):
             f" ({phases})" if phases else "",
             f", code cache {code_cache}" if code_cache else "",
         )
-        if code_cache == "refused" and "code cache" not in _said:
+        if code_cache in ("refused", "damaged") and "code cache" not in _said:
             _said.add("code cache")
+            why = "V8 refused it" if code_cache == "refused" else "its file is missing or not the one made"
             logger.warning(
-                "V8 refused the code cache of Pyodide's runtime script (made by another Deno, or "
-                "damaged): each sandbox compiles the script itself, about 80 ms more per start; "
-                "delete the .jscache files in the cache folder to have it made again"
+                "not using the code cache of Pyodide's runtime script (%s): each sandbox compiles the "
+                "script itself, about 80 ms more per start; a restart makes it again",
+                why,
             )
         for failed in message.get("preload_failed", []):
             if failed not in _said:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 from pathlib import Path
 
 import anyio
@@ -99,6 +100,31 @@ async def test_a_damaged_code_cache_is_not_used_and_the_sandbox_starts_without_i
             await executor.close()
             task_group.cancel_scope.cancel()
     said = ready_lines(caplog)
-    assert len(said) == 1 and said[0].endswith(", code cache refused"), said
+    assert len(said) == 1 and said[0].endswith(", code cache damaged"), said
     warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    assert any("refused the code cache" in message for message in warned), warned
+    assert any("not using the code cache" in message for message in warned), warned
+
+
+async def test_a_cache_folder_whose_path_holds_a_space_serves_as_any_other(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """The runtime script is read by its file path, decoded from its URL (which says %20)."""
+    settings = Settings(backend="pyodide", default_packages="", pyodide_tier_up=False)
+    async with anyio.create_task_group() as task_group:
+        await prepare_backend(settings, ExecutorHooks(tools=None), task_group)  # Pyodide in the usual cache
+        task_group.cancel_scope.cancel()
+    spaced = tmp_path / "a cache folder"
+    shutil.copytree(settings.cache_dir / "deno" / "npm", spaced / "deno" / "npm")
+    caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
+    async with anyio.create_task_group() as task_group:
+        backend = await prepare_backend(
+            settings.model_copy(update={"cache_dir": spaced}), ExecutorHooks(tools=None), task_group
+        )
+        executor = await backend.start()
+        try:
+            assert (await executor.run("6 * 7", 60)).result == "42"
+        finally:
+            await executor.close()
+            task_group.cancel_scope.cancel()
+    said = ready_lines(caplog)
+    assert len(said) == 1 and said[0].endswith(", code cache used"), said

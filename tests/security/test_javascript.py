@@ -24,6 +24,7 @@ from tests.security.harness import (
     not_shown,
     pyodide_only,
     result_lacks,
+    result_lacks_any,
     run_attack,
     runner_files_unchanged,
 )
@@ -205,6 +206,14 @@ ATTACKS: list[Attack] = [
         "js_reaches_the_collector",
         "import js\njs.eval('[typeof globalThis.gc, typeof self.gc].join()')",
         result_lacks("function"),
+        pyodide_only(),
+    ),
+    # --- import() through Pyodide's runtime script, which runs under node:vm with its own hook ---
+    Attack(
+        "js_import_error_names_host_paths",
+        "import js\ntry:\n    await js.eval(\"import('no-such-module-anywhere')\")\n    said = 'imported'\n"
+        "except Exception as error:\n    said = str(error)\nsaid",
+        result_lacks_any("registry.npmjs.org", "mcp-sandbox/deno", "pyodide.asm.js", "imported"),
         pyodide_only(),
     ),
 ]

@@ -226,8 +226,10 @@ class PyodideBackend(Backend):
         snapshot = self._settings.cache_dir / f"pyodide-{self._version}-{tag}.snapshot"
         if snapshot.is_file():
             return snapshot
-        partial = snapshot.with_suffix(f".{os.getpid()}.part")
-        sources = snapshot.with_suffix(f".{os.getpid()}.guest.json")
+        # Servers in containers that share the cache folder may have the same pid.
+        unique = f"{os.getpid()}-{secrets.token_hex(4)}"
+        partial = snapshot.with_suffix(f".{unique}.part")
+        sources = snapshot.with_suffix(f".{unique}.guest.json")
         sources.write_bytes(guest)
         try:
             failed = await self._snapshot_script(
@@ -253,7 +255,9 @@ class PyodideBackend(Backend):
         # Named by its sha256 too, which the runner checks: V8 finds no damage in a cache's body.
         for found in self._snapshot.parent.glob(f"{self._snapshot.stem}-{tag}-*.jscache"):
             return found
-        partial = self._snapshot.with_name(f"{self._snapshot.stem}-{tag}.{os.getpid()}.part")
+        partial = self._snapshot.with_name(
+            f"{self._snapshot.stem}-{tag}.{os.getpid()}-{secrets.token_hex(4)}.part"
+        )
         failed = await self._snapshot_script(
             "code-cache",
             self._snapshot,

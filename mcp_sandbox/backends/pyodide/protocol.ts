@@ -164,7 +164,7 @@ export type ReadyMessage = {
   load_ms: number;
   preload_failed?: string[];
   phases?: [string, number][];
-  code_cache?: "used" | "refused";
+  code_cache?: "used" | "refused" | "damaged";
 };
 
 export type ResultMessage = {
@@ -328,6 +328,10 @@ export type WorkerRecycledCrash = {
 
 export type WorkerModule = {
   module: WebAssembly.Module;
+};
+
+export type WorkerWarmedUp = {
+  warmedUp: true;
 };
 
 export type WorkerCleanMemory = {

@@ -46,6 +46,7 @@ import {
   type WorkerRecycled,
   type WorkerRecycledCrash,
   type WorkerRestore,
+  type WorkerWarmedUp,
 } from "./protocol.ts";
 
 const PASSING = new Set<string>(PASSING_KINDS);
@@ -82,9 +83,9 @@ let compiled: WebAssembly.Module | null = null;
 // The first clean memory a worker reached (WorkerCleanMemory), shared by every later one that
 // reaches the same: never written after it is made.
 let clean: WorkerCleanMemory | null = null;
-// Whether a worker was asked to warm V8's JIT up: what it tiers up is the module's code, which
-// every worker runs, so one warm-up serves the whole process (a later one spent 0.2 s of CPU).
-let warmUpAsked = false;
+// Whether a worker ran a whole JIT warm-up (WorkerWarmedUp): what it tiers up is the module's
+// code, which every worker runs, so one serves the whole process (a later one spent 0.2 s of CPU).
+let warmedUp = false;
 // V8's code cache of Pyodide's runtime script (InitMessage.code_cache), read and checked once for
 // every worker: "damaged" when it is not what the host made (V8 would not notice).
 let codeCacheRead: Uint8Array | "damaged" | null | undefined;
@@ -336,12 +337,16 @@ class Sandbox {
     const port = channel.port1;
     this.control = port;
     port.onmessage = (
-      event: MessageEvent<ControlAnswer | WorkerModule | WorkerCleanMemory | WorkerRecycledCrash>,
+      event: MessageEvent<ControlAnswer | WorkerModule | WorkerCleanMemory | WorkerRecycledCrash | WorkerWarmedUp>,
     ) => {
       if (port !== this.control) return; // a replaced worker's port
       if ("module" in event.data) {
         compiled ??= event.data.module;
         moduleSettled();
+        return;
+      }
+      if ("warmedUp" in event.data) {
+        warmedUp = true;
         return;
       }
       if ("cleanMemory" in event.data) {
@@ -432,10 +437,7 @@ class Sandbox {
         this.toWorker(message);
         break;
       case "jit_warm_up":
-        if (!warmUpAsked && this.worker) {
-          warmUpAsked = true;
-          this.toWorker(message);
-        }
+        if (!warmedUp) this.toWorker(message);
         break;
       case "recycle":
         this.forgetRun();

@@ -3,7 +3,8 @@
 // snapshot, snapshot.ts): Deno's own code cache does not serve this file, and compiling it, then
 // each of its functions as Pyodide started, took about 80 ms of every start.
 import { createRequire } from "node:module";
-import { pathToFileURL } from "node:url";
+import { dirname } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import vm from "node:vm";
 
 const SCRIPT_URL = import.meta.resolve("pyodide/pyodide.asm.js");
@@ -18,8 +19,7 @@ export type PyodideScript = {
 // Defines Pyodide's module factory (`_createPyodideModule`), which loadPyodide then uses instead of
 // loading the script itself.
 export function runPyodideScript(codeCache?: Uint8Array): PyodideScript {
-  const file = new URL(SCRIPT_URL).pathname;
-  const folder = file.slice(0, file.lastIndexOf("/"));
+  const file = fileURLToPath(SCRIPT_URL); // decoded: a cache folder's name may hold a space
   const require = createRequire(file);
   // The wrapper is CommonJS's, on the script's first line: its `require` and `__dirname` are the
   // ones the script reads when it runs in Node (as Pyodide's loader runs it here).
@@ -27,13 +27,23 @@ export function runPyodideScript(codeCache?: Uint8Array): PyodideScript {
   const script = new vm.Script(wrapped, {
     filename: SCRIPT_URL,
     ...(codeCache ? { cachedData: codeCache } : {}),
-    // Bare names resolve from Pyodide's package, as they would for the script imported.
-    importModuleDynamically: ((specifier: string) =>
-      import(/^[a-z]+:/.test(specifier) ? specifier : pathToFileURL(require.resolve(specifier)).href)) as never,
+    // A program's `import()` through Pyodide's functions lands here too: bare names resolve from
+    // Pyodide's package, as they would for the script imported, and a name that does not resolve
+    // is refused without the host's paths that `require.resolve` would put in its message.
+    importModuleDynamically: ((specifier: string) => {
+      if (/^[a-z]+:/.test(specifier)) return import(specifier);
+      let resolved: string;
+      try {
+        resolved = require.resolve(specifier);
+      } catch {
+        throw new TypeError(`Cannot find module '${specifier}'`);
+      }
+      return import(pathToFileURL(resolved).href);
+    }) as never,
   });
   const run = script.runInThisContext() as (...args: unknown[]) => void;
   const module = { exports: {} };
-  run.call(module.exports, module.exports, require, module, file, folder);
+  run.call(module.exports, module.exports, require, module, file, dirname(file));
   return {
     codeCache: () => script.createCachedData(),
     cacheRejected: codeCache !== undefined && script.cachedDataRejected === true,

@@ -92,6 +92,7 @@ TYPES = (
     "ControlAnswer",
     "WorkerRecycledCrash",
     "WorkerModule",
+    "WorkerWarmedUp",
     "WorkerCleanMemory",
     "SnapshotPages",
     "WorkerMessage",

@@ -42,6 +42,7 @@ import {
   type WorkerRecycled,
   type WorkerRecycledCrash,
   type WorkerRestore,
+  type WorkerWarmedUp,
 } from "./protocol.ts";
 
 type PyCallable = ((...args: unknown[]) => unknown) & {
@@ -149,7 +150,7 @@ const stringify = JSON.stringify;
 const portPost = MessagePort.prototype.postMessage;
 
 function answer(
-  reply: ControlAnswer | WorkerModule | WorkerCleanMemory | WorkerRecycledCrash,
+  reply: ControlAnswer | WorkerModule | WorkerCleanMemory | WorkerRecycledCrash | WorkerWarmedUp,
   transfer: Transferable[] = [],
 ): void {
   portPost.call(state.control, reply, { transfer });
@@ -445,7 +446,7 @@ async function init(message: WorkerInit): Promise<void> {
   };
   const { packagesDir: packages, snapshot } = message;
   let snapshotPages: SnapshotPages | undefined; // found by this worker's restore, if it reads it whole
-  let codeCache: "used" | "refused" | undefined = message.codeCacheDamaged ? "refused" : undefined;
+  let codeCache: "used" | "refused" | "damaged" | undefined = message.codeCacheDamaged ? "damaged" : undefined;
   const opened = snapshot
     ? openSnapshot(snapshot, message.clean?.snapshot, (found) => snapshotPages = found)
     : undefined;
@@ -453,8 +454,10 @@ async function init(message: WorkerInit): Promise<void> {
   state.signals = message.signals as Int32Array;
   try {
     // Run here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
-    const script = runPyodideScript(message.codeCache);
-    if (message.codeCache) codeCache = script.cacheRejected ? "refused" : "used";
+    const given = message.codeCache;
+    delete message.codeCache; // `message` lives as long as the worker: the 1 MB need not
+    const script = runPyodideScript(given);
+    if (given) codeCache = script.cacheRejected ? "refused" : "used";
     step("pyodide.asm.js");
     hookInstance({
       maxBytes: message.memoryMaxBytes,
@@ -848,9 +851,15 @@ function warmUpStep(): void {
     state.warmUpLeft -= 1;
   } catch {
     state.warmUpLeft = 0; // a sandbox whose warm-up fails still serves calls, only slower
+    return whenQuiet(collectGarbage);
   }
-  if (state.warmUpLeft > 0) hostSetTimeout(() => whenQuiet(warmUpStep), 0);
-  else whenQuiet(collectGarbage);
+  if (state.warmUpLeft > 0) {
+    hostSetTimeout(() => whenQuiet(warmUpStep), 0);
+    return;
+  }
+  // Every round ran (a recycle or restore cuts them short): no other worker need warm up.
+  answer({ warmedUp: true } satisfies WorkerWarmedUp);
+  whenQuiet(collectGarbage);
 }
 
 // Runs `task` once no message has come for JIT_WARM_UP_IDLE_MS and none is waiting.
