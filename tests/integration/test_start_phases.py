@@ -10,9 +10,10 @@ import shutil
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 
-from mcp_sandbox.backends.base import ExecutorHooks
+from mcp_sandbox.backends.base import Backend, ExecutorHooks
 from mcp_sandbox.backends.registry import prepare_backend
 from mcp_sandbox.settings import Settings
 
@@ -55,6 +56,16 @@ def ready_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [record.getMessage() for record in caplog.records if " ready in " in record.getMessage()]
 
 
+async def computes_once(backend: Backend, task_group: anyio.abc.TaskGroup) -> None:
+    """A new sandbox of `backend` computes 6 * 7; then it is closed and `task_group` ended."""
+    executor = await backend.start()
+    try:
+        assert (await executor.run("6 * 7", 60)).result == "42"
+    finally:
+        await executor.close()
+        task_group.cancel_scope.cancel()
+
+
 async def test_every_sandbox_starts_from_the_code_cache_made_with_the_snapshot(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -93,12 +104,7 @@ async def test_a_damaged_code_cache_is_not_used_and_the_sandbox_starts_without_i
         copy = tmp_path / made.name
         copy.write_bytes(bytes(damaged))
         backend._code_cache = copy  # type: ignore[attr-defined]
-        executor = await backend.start()
-        try:
-            assert (await executor.run("6 * 7", 60)).result == "42"
-        finally:
-            await executor.close()
-            task_group.cancel_scope.cancel()
+        await computes_once(backend, task_group)
     said = ready_lines(caplog)
     assert len(said) == 1 and said[0].endswith(", code cache damaged"), said
     warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
@@ -120,11 +126,6 @@ async def test_a_cache_folder_whose_path_holds_a_space_serves_as_any_other(
         backend = await prepare_backend(
             settings.model_copy(update={"cache_dir": spaced}), ExecutorHooks(tools=None), task_group
         )
-        executor = await backend.start()
-        try:
-            assert (await executor.run("6 * 7", 60)).result == "42"
-        finally:
-            await executor.close()
-            task_group.cancel_scope.cancel()
+        await computes_once(backend, task_group)
     said = ready_lines(caplog)
     assert len(said) == 1 and said[0].endswith(", code cache used"), said
