@@ -446,7 +446,7 @@ async function init(message: WorkerInit): Promise<void> {
   };
   const { packagesDir: packages, snapshot } = message;
   let snapshotPages: SnapshotPages | undefined; // found by this worker's restore, if it reads it whole
-  let codeCache: "used" | "refused" | "damaged" | undefined = message.codeCacheDamaged ? "damaged" : undefined;
+  let cacheOutcome: "used" | "refused" | "damaged" | undefined = message.codeCacheDamaged ? "damaged" : undefined;
   const opened = snapshot
     ? openSnapshot(snapshot, message.clean?.snapshot, (found) => snapshotPages = found)
     : undefined;
@@ -457,7 +457,7 @@ async function init(message: WorkerInit): Promise<void> {
     const given = message.codeCache;
     delete message.codeCache; // `message` lives as long as the worker: the 1 MB need not
     const script = runPyodideScript(given);
-    if (given) codeCache = script.cacheRejected ? "refused" : "used";
+    if (given) cacheOutcome = script.cacheRejected ? "refused" : "used";
     step("pyodide.asm.js");
     hookInstance({
       maxBytes: message.memoryMaxBytes,
@@ -567,7 +567,7 @@ async function init(message: WorkerInit): Promise<void> {
     python: sys.version.split(" ")[0],
     pyodide: state.pyodide.version,
     load_ms: Math.round(performance.now() - started),
-    ...(codeCache ? { code_cache: codeCache } : {}),
+    ...(cacheOutcome ? { code_cache: cacheOutcome } : {}),
     ...(preloadFailed.length ? { preload_failed: preloadFailed } : {}),
     phases,
   });
