@@ -221,7 +221,8 @@ class PyodideBackend(Backend):
         from them all); None (slower starts) when it cannot be made."""
         assert self._pyodide_dir is not None
         guest = json.dumps(GUEST_MODULES).encode()
-        scripts = (self._runner / name for name in ("snapshot.ts", "options.ts", "modules.ts", "script.ts"))
+        # script.ts is the code cache's (its own tag): the snapshot does not run it.
+        scripts = (self._runner / name for name in ("snapshot.ts", "options.ts", "modules.ts"))
         tag = hashlib.sha256(b"".join(path.read_bytes() for path in scripts) + guest).hexdigest()[:12]
         snapshot = self._settings.cache_dir / f"pyodide-{self._version}-{tag}.snapshot"
         if snapshot.is_file():
