@@ -324,8 +324,10 @@ class ManifestTool(TypedDict):
 
 class InitMessage(TypedDict):
     """First line, once. ``guest_modules``: (module name, Python source) pairs the runner loads
-    in order (this module, then GUEST_MODULES). The host folders the sandbox reads: Pyodide,
-    data/, packages, the memory snapshot to start from; ``allow_net``: hosts it may reach."""
+    in order (this module, then GUEST_MODULES); none for a Pyodide sandbox that starts from a
+    memory snapshot, which holds them all (its file's name is made from their sources). The host
+    folders the sandbox reads: Pyodide, data/, packages, the memory snapshot to start from;
+    ``allow_net``: hosts it may reach."""
 
     type: Literal["init"]
     #: The CPython worker's; the Deno runner gets none (``RUNNER_TOKEN_ENV``).

@@ -4,6 +4,7 @@ MCP: the backend is driven directly."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -14,12 +15,14 @@ import anyio.abc
 import pytest
 
 from mcp_sandbox.backends.base import Backend, ExecutorHooks
+from mcp_sandbox.backends.pyodide import PyodideBackend
 from mcp_sandbox.backends.registry import prepare_backend
 from mcp_sandbox.settings import Settings
 
 pytestmark = pytest.mark.anyio
 
 STEPS = [
+    "worker start",
     "snapshot read",
     "pyodide.asm.js",
     "Pyodide",
@@ -129,3 +132,34 @@ async def test_a_cache_folder_whose_path_holds_a_space_serves_as_any_other(
         await computes_once(backend, task_group)
     said = ready_lines(caplog)
     assert len(said) == 1 and said[0].endswith(", code cache used"), said
+
+
+async def test_a_sandbox_from_the_snapshot_is_sent_no_guest_sources(caplog: pytest.LogCaptureFixture) -> None:
+    """The snapshot holds the guest runtime (its name is made from the sources): its init is small."""
+    settings = Settings(backend="pyodide", default_packages="", pyodide_tier_up=False)
+    async with anyio.create_task_group() as task_group:
+        backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
+        init = backend._init(Path("/checkpoints"))  # type: ignore[attr-defined]
+        assert "snapshot" in init and init["guest_modules"] == [], sorted(init)
+        assert len(json.dumps(init)) < 4096, len(json.dumps(init))
+        await computes_once(backend, task_group)
+
+
+async def test_without_a_snapshot_a_sandbox_loads_the_guest_runtime_its_init_carries(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def no_snapshot(self: object) -> None:
+        return None
+
+    monkeypatch.setattr(PyodideBackend, "_make_snapshot", no_snapshot)
+    settings = Settings(backend="pyodide", default_packages="", pyodide_tier_up=False)
+    caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
+    async with anyio.create_task_group() as task_group:
+        backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
+        init = backend._init(Path("/checkpoints"))  # type: ignore[attr-defined]
+        assert (
+            "snapshot" not in init and [name for name, _ in init["guest_modules"]][-1] == "mcp_sandbox.guest"
+        )
+        await computes_once(backend, task_group)
+    said = ready_lines(caplog)
+    assert len(said) == 1 and "code cache" not in said[0], said  # the cache is made with the snapshot

@@ -492,6 +492,8 @@ class PyodideBackend(Backend):
             init["allow_net"] = settings.allow_net
         if self._snapshot is not None:
             init["snapshot"] = str(self._snapshot)
+            # The snapshot holds them: 97 kB less to send, seal and parse for each sandbox.
+            init["guest_modules"] = []
         if self._code_cache is not None:
             init["code_cache"] = str(self._code_cache)
             init["code_cache_sha256"] = self._code_cache.stem.rsplit("-", 1)[1]
