@@ -238,7 +238,10 @@ class Settings(BaseSettings):
     )
     deno_path: Path | None = Field(None, description="Deno binary to use; default: the `deno` package's.")
     cache_dir: Path = Field(
-        default_factory=default_cache_dir, description="Where Deno keeps Pyodide (downloaded once)."
+        default_factory=default_cache_dir,
+        description="Where Deno keeps Pyodide (downloaded once), and the memory snapshot and code cache "
+        "sandboxes start from (made once per version of each part; those no server used for a week "
+        "are removed).",
     )
     data_dir: Path | None = Field(
         None, description="Host folder that sandboxed code can read (never write) at data/."

@@ -43,6 +43,7 @@ from mcp_sandbox.backends.process import (
     max_line,
     start_reading,
 )
+from mcp_sandbox.backends.pyodide.cache_files import sweep, touch
 from mcp_sandbox.backends.pyodide.host import HostedWatch, RunnerProcess
 from mcp_sandbox.backends.watch import MB
 from mcp_sandbox.packages import (
@@ -119,6 +120,7 @@ class PyodideBackend(Backend):
         #: The runner processes that host this backend's sandboxes.
         self._processes: list[RunnerProcess] = []
         self._new_process = anyio.Lock()
+        self._remaking = anyio.Lock()
 
     def _sandbox_env(self) -> dict[str, str]:
         # The sandbox process gets a bare environment: nothing of the host's reaches even the runner.
@@ -160,6 +162,8 @@ class PyodideBackend(Backend):
         self._pyodide_dir = found[0]
         self._snapshot = await self._make_snapshot()
         self._code_cache = await self._make_code_cache() if self._snapshot else None
+        touch(self._snapshot, self._code_cache)
+        sweep(self._settings.cache_dir, keep=[self._snapshot, self._code_cache])
         self._packages = self._default_packages()
         self.preload = self._present(self._settings.preload_package_names)
         self._build = self._build_id()
@@ -407,6 +411,7 @@ class PyodideBackend(Backend):
 
     async def start(self, principal: str | None = None) -> Executor:
         """A new sandbox in a running process with room for `principal`'s, or in a new process."""
+        await self._cache_files_in_place()
         host = self._with_room(principal)
         if host is None:
             async with self._new_process:  # one start at a time: a second start waits for its room
@@ -427,6 +432,18 @@ class PyodideBackend(Backend):
         )
         await initialize(executor, settings.start_timeout)
         return executor
+
+    async def _cache_files_in_place(self) -> None:
+        """Mark the snapshot and code cache used (another server's sweep leaves them), or make them
+        again when they were removed (by such a sweep after a week without a start, or by hand)."""
+        if self._snapshot is None or self._snapshot.is_file():
+            touch(self._snapshot, self._code_cache)
+            return
+        async with self._remaking:
+            if self._snapshot is not None and not self._snapshot.is_file():
+                logger.warning("Pyodide's memory snapshot %s was removed: making it again", self._snapshot)
+                self._snapshot = await self._make_snapshot()
+                self._code_cache = await self._make_code_cache() if self._snapshot else None
 
     def _with_room(self, principal: str | None) -> RunnerProcess | None:
         """The fullest running process with room (so processes empty out and end), or None."""
