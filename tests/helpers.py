@@ -11,10 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import anyio
 import anyio.abc
@@ -112,20 +113,39 @@ def free_port() -> int:
         return port
 
 
+#: How much of a test server's log a failure inside it shows.
+LOG_TAIL_BYTES = 8000
+
+
+def log_tail(log: BinaryIO) -> str:
+    """The end of a server's log file (its stderr)."""
+    log.seek(0, os.SEEK_END)
+    log.seek(max(0, log.tell() - LOG_TAIL_BYTES))
+    return log.read().decode(errors="replace")
+
+
 @asynccontextmanager
 async def http_server(transport: str = "http", **env: str) -> AsyncIterator[tuple[int, anyio.abc.Process]]:
     """A server process serving `transport` (http or sse) on 127.0.0.1: (port, process). Stopped
-    with SIGTERM (SIGKILL after 10 s) unless the test ended it itself."""
+    with SIGTERM (SIGKILL after 10 s) unless the test ended it itself. Its stderr goes to a file
+    (a pipe nobody read would stop it once full), whose tail a failure inside shows on stderr."""
     port = free_port()
     command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", transport, "--port", str(port)]
-    process = await anyio.open_process(
-        command, env=server_env(**{"MCP_SANDBOX_POOL_SIZE": "1", **env}), stdout=subprocess.DEVNULL
-    )
-    try:
-        await wait_for_port(port, process)
-        yield port, process
-    finally:
-        await stop_process(process)
+    with tempfile.TemporaryFile() as log:
+        process = await anyio.open_process(
+            command,
+            env=server_env(**{"MCP_SANDBOX_POOL_SIZE": "1", **env}),
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        try:
+            await wait_for_port(port, process)
+            yield port, process
+        except BaseException:
+            print(f"--- the test server's log, its end ---\n{log_tail(log)}", file=sys.stderr)
+            raise
+        finally:
+            await stop_process(process)
 
 
 class Serving(NamedTuple):
