@@ -682,6 +682,10 @@ class WorkerCleanMemory(TypedDict):
 
     cleanMemory: Uint8Array
     fingerprint: str
+    #: the clean memory's runs ([start, end) offsets) not all zero, and its pages all zero: every
+    #: adopter resets against them, and need not read the 24 MB again to find them.
+    copied: Int32Array
+    zero: Int32Array
     #: where the memory snapshot's pages not all zero are, found as this worker restored it whole.
     snapshot: NotRequired[SnapshotPages]
 

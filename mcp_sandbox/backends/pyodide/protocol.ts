@@ -337,6 +337,8 @@ export type WorkerWarmedUp = {
 export type WorkerCleanMemory = {
   cleanMemory: Uint8Array;
   fingerprint: string;
+  copied: Int32Array;
+  zero: Int32Array;
   snapshot?: SnapshotPages;
 };
 

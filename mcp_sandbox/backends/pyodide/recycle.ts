@@ -396,25 +396,26 @@ function copyRuns(target: Uint8Array, source: Uint8Array, copied: Int32Array, of
 }
 
 // This sandbox's clean memory, and its pages. The process's, when `heap` differs from it in a few
-// pages only (its start's timestamps): those are written over, and one copy serves every sandbox
-// of the process. Else a copy of its own: in shared memory when the process has none yet, to be
+// pages only (its start's timestamps): those are written over, and one copy, with the pages its
+// first worker found, serves every sandbox of the process. Else a copy of its own: in shared memory when the process has none yet, to be
 // the process's; its zero pages are left unwritten.
 function cleanMemory(
   heap: Uint8Array,
-  shared: Uint8Array | undefined,
+  shared: WorkerCleanMemory | undefined,
   first: boolean,
 ): { memory: Uint8Array; pages: PageRuns } {
-  if (shared !== undefined && shared.length === heap.length) {
-    const pages = differingPages(heap, shared, MAX_CLEAN_DRIFT_PAGES);
+  const memory = shared?.cleanMemory;
+  if (shared !== undefined && memory !== undefined && memory.length === heap.length) {
+    const pages = differingPages(heap, memory, MAX_CLEAN_DRIFT_PAGES);
     if (pages !== null) {
-      for (const page of pages) heap.set(shared.subarray(page * PAGE, (page + 1) * PAGE), page * PAGE);
-      return { memory: shared, pages: pageRuns(shared) };
+      for (const page of pages) heap.set(memory.subarray(page * PAGE, (page + 1) * PAGE), page * PAGE);
+      return { memory, pages: { copied: shared.copied, zero: shared.zero } };
     }
   }
-  const memory = new Uint8Array(first ? new SharedArrayBuffer(heap.length) : new ArrayBuffer(heap.length));
+  const own = new Uint8Array(first ? new SharedArrayBuffer(heap.length) : new ArrayBuffer(heap.length));
   const pages = pageRuns(heap);
-  copyRuns(memory, heap, pages.copied);
-  return { memory, pages };
+  copyRuns(own, heap, pages.copied);
+  return { memory: own, pages };
 }
 
 // `target.set(source, offset)`, leaving alone each page of `target` that is zero and stays zero: a
@@ -546,7 +547,7 @@ export class CleanState {
   // memory only with the same.
   readonly fingerprint: string;
   // Its pages not all zero, in runs, and its pages all zero (resetMemory).
-  private readonly pages: PageRuns;
+  readonly pages: PageRuns;
   // Each page's hash, made by the first checkpoint or restore that needs them (checkpoint.ts).
   pageHashes: { hashes: Int32Array; bytes: Uint8Array } | null = null;
   readonly stackPointer: number;
@@ -620,7 +621,7 @@ export class CleanState {
       libraries: this.libraries,
     };
     this.fingerprint = JSON.stringify([this.shape, this.immortals, Object.keys(this.cleanPackages).sort()]);
-    const adoptable = shared?.fingerprint === this.fingerprint ? shared.cleanMemory : undefined;
+    const adoptable = shared?.fingerprint === this.fingerprint ? shared : undefined;
     ({ memory: this.memory, pages: this.pages } = cleanMemory(
       new Bytes(module.HEAP8.buffer),
       adoptable,

@@ -559,6 +559,8 @@ async function init(message: WorkerInit): Promise<void> {
       {
         cleanMemory: state.clean.memory,
         fingerprint: state.clean.fingerprint,
+        copied: state.clean.pages.copied,
+        zero: state.clean.pages.zero,
         ...(snapshotPages ? { snapshot: snapshotPages } : {}),
       } satisfies WorkerCleanMemory,
     );
