@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -15,11 +16,14 @@ import anyio.abc
 import pytest
 
 from mcp_sandbox.backends.base import Backend, ExecutorHooks
+from mcp_sandbox.backends.pyodide import RUNNER_DIR as RUNNER
 from mcp_sandbox.backends.pyodide import PyodideBackend
 from mcp_sandbox.backends.registry import prepare_backend
 from mcp_sandbox.settings import Settings
 
 pytestmark = pytest.mark.anyio
+
+REPO = Path(__file__).parents[2]
 
 STEPS = [
     "worker start",
@@ -163,3 +167,27 @@ async def test_without_a_snapshot_a_sandbox_loads_the_guest_runtime_its_init_car
         await computes_once(backend, task_group)
     said = ready_lines(caplog)
     assert len(said) == 1 and "code cache" not in said[0], said  # the cache is made with the snapshot
+
+
+async def test_each_rewrite_of_pyodides_runtime_script_finds_its_text_once() -> None:
+    """script.ts rewrites two loops of the pinned Pyodide's linker; a Pyodide whose script lacks
+    their text would start without them, slower, and say nothing: this says it."""
+    settings = Settings(backend="pyodide", default_packages="", pyodide_tier_up=False)
+    async with anyio.create_task_group() as task_group:
+        backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
+        task_group.cancel_scope.cancel()
+    assert isinstance(backend, PyodideBackend)
+    script = backend._pyodide_dir / "pyodide.asm.js"  # type: ignore[operator]
+    command = [
+        str(backend._deno),
+        "run",
+        "--cached-only",
+        "--config",
+        str(RUNNER / "deno.json"),
+        f"--allow-read={REPO},{script}",
+        str(Path(__file__).with_name("script_rewrites.ts")),
+        str(script),
+    ]
+    done = await anyio.run_process(command, env={**os.environ, "DENO_DIR": str(settings.cache_dir / "deno")})
+    counts = json.loads(done.stdout)
+    assert counts and counts == [1] * len(counts), counts

@@ -16,6 +16,29 @@ export type PyodideScript = {
   cacheRejected: boolean;
 };
 
+// Emscripten's linker walks each of the ~10,000 exports and GOT entries with `Object.entries`, which
+// costs twice what a walk of the keys does in a new worker's cold code. Each rewrite reads the same
+// entries in the same order, and leaves the object as it is; one not found (another Pyodide) is
+// left out.
+export const REWRITES: [string, string][] = [
+  [
+    "for(var[sym,exp]of Object.entries(exports)){",
+    "for(var sym of Object.keys(exports)){var exp=exports[sym];",
+  ],
+  [
+    "for(var[symName,entry]of Object.entries(GOT)){",
+    "for(var symName of Object.keys(GOT)){var entry=GOT[symName];",
+  ],
+];
+
+export function faster(source: string): string {
+  for (const [from, to] of REWRITES) {
+    const at = source.indexOf(from);
+    if (at >= 0 && source.indexOf(from, at + 1) < 0) source = source.slice(0, at) + to + source.slice(at + from.length);
+  }
+  return source;
+}
+
 // Defines Pyodide's module factory (`_createPyodideModule`), which loadPyodide then uses instead of
 // loading the script itself.
 export function runPyodideScript(codeCache?: Uint8Array): PyodideScript {
@@ -23,7 +46,9 @@ export function runPyodideScript(codeCache?: Uint8Array): PyodideScript {
   const require = createRequire(file);
   // The wrapper is CommonJS's, on the script's first line: its `require` and `__dirname` are the
   // ones the script reads when it runs in Node (as Pyodide's loader runs it here).
-  const wrapped = `(function (exports, require, module, __filename, __dirname) {${Deno.readTextFileSync(file)}\n})`;
+  const wrapped = `(function (exports, require, module, __filename, __dirname) {${
+    faster(Deno.readTextFileSync(file))
+  }\n})`;
   const script = new vm.Script(wrapped, {
     filename: SCRIPT_URL,
     ...(codeCache ? { cachedData: codeCache } : {}),
