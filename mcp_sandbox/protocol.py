@@ -458,6 +458,9 @@ class ReadyMessage(TypedDict):
     #: (Pyodide) what became of the code cache of Pyodide's runtime script (script.ts): V8 took it,
     #: refused it (another V8, other flags), or it was not the file the host made (missing, damaged).
     code_cache: NotRequired[Literal["used", "refused", "damaged"]]
+    #: (Pyodide) how it read the memory snapshot: its pages not all zero only (a process's first
+    #: worker found them, in the same file), or the whole file.
+    snapshot_read: NotRequired[Literal["pages", "whole"]]
 
 
 class ResultMessage(TypedDict):
@@ -664,8 +667,8 @@ class SnapshotPages(TypedDict):
     are not all zero and the pages in ``zero`` are. A worker started after the process's first
     reached its clean point reads only those runs from the file, straight into its memory, if the
     file is still the one read
-    (``identity``: its device, inode, size and change time; one made again is another file,
-    with other contents in the same layout or not)."""
+    (``identity``: its device, inode, size and birth time, else change time; one made again is
+    another file, with other contents in the same layout or not)."""
 
     identity: str
     header: Uint8Array

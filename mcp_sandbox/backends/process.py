@@ -224,13 +224,15 @@ class ProcessExecutor(Executor):
             raise SandboxDied(f"the sandbox sent {message['type']!r} before it was ready")
         phases = ", ".join(f"{name} {ms}" for name, ms in message.get("phases", []))
         code_cache = message.get("code_cache")
+        snapshot_read = message.get("snapshot_read")
         logger.debug(
-            "%s sandbox %d ready in %d ms%s%s",
+            "%s sandbox %d ready in %d ms%s%s%s",
             self.backend,
             self.pid,
             message["load_ms"],
             f" ({phases})" if phases else "",
             f", code cache {code_cache}" if code_cache else "",
+            f", snapshot read {snapshot_read}" if snapshot_read else "",
         )
         if code_cache in ("refused", "damaged") and "code cache" not in _said:
             _said.add("code cache")

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from mcp_sandbox.backends.pyodide.cache_files import LEFT_FOR, UNUSED_FOR, sweep, touch
+from mcp_sandbox.backends.pyodide.cache_files import LEFT_FOR, TOUCH_EVERY, UNUSED_FOR, sweep, touch
 
 NOW = 2_000_000_000.0
 
@@ -37,9 +37,18 @@ def test_files_unused_for_a_week_go_and_the_servers_own_stay(tmp_path: Path) -> 
     assert all(path.exists() for path in (own, own_cache, in_use, being_made, other))
 
 
-def test_a_use_makes_a_file_new_again(tmp_path: Path) -> None:
-    used = made(tmp_path, "pyodide-0.29.5-aaaaaaaaaaaa.snapshot", UNUSED_FOR * 2)
-    touch(used, None, tmp_path / "pyodide-gone.jscache")  # a missing one is not made
+def aged(path: Path, age: float) -> Path:
+    path.write_bytes(b"x")
+    os.utime(path, (time.time() - age, time.time() - age))
+    return path
+
+
+def test_a_use_makes_a_file_new_again_at_most_once_a_day(tmp_path: Path) -> None:
+    used = aged(tmp_path / "pyodide-0.29.5-aaaaaaaaaaaa.snapshot", UNUSED_FOR * 2)
+    recent = aged(tmp_path / "pyodide-0.29.5-aaaaaaaaaaaa-bbb-ccc.jscache", TOUCH_EVERY / 2)
+    before = recent.stat().st_mtime
+    touch(used, recent, None, tmp_path / "pyodide-gone.jscache")  # a missing one is not made
     assert time.time() - used.stat().st_mtime < 60
+    assert recent.stat().st_mtime == before, "a file used within the day was marked again"
     assert not (tmp_path / "pyodide-gone.jscache").exists()
     assert sweep(tmp_path, keep=[]) == []

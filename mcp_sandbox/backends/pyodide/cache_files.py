@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 
 #: A snapshot or code cache unused this long is removed.
 UNUSED_FOR = 7 * 24 * 3600.0
+#: A file in use is marked used again once this long has passed since it last was.
+TOUCH_EVERY = 24 * 3600.0
 #: A part-made file this old was left by a server that died while making it.
 LEFT_FOR = 24 * 3600.0
 
@@ -34,11 +36,14 @@ SWEPT = (
 
 
 def touch(*paths: Path | None) -> None:
-    """Mark these files used now (a missing one is not made)."""
+    """Mark these files used now (a missing one is not made): at most once a day, since a new time
+    makes running processes read the snapshot whole where its birth time is unknown (worker.ts)."""
+    now = time.time()
     for path in paths:
         if path is not None:
             try:
-                os.utime(path)
+                if now - path.stat().st_mtime > TOUCH_EVERY:
+                    os.utime(path)
             except OSError:
                 pass  # gone, or read-only: the next prepare makes it again
 

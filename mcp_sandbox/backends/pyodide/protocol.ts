@@ -165,6 +165,7 @@ export type ReadyMessage = {
   preload_failed?: string[];
   phases?: [string, number][];
   code_cache?: "used" | "refused" | "damaged";
+  snapshot_read?: "pages" | "whole";
 };
 
 export type ResultMessage = {

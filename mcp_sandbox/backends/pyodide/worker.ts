@@ -572,6 +572,7 @@ async function init(message: WorkerInit): Promise<void> {
     pyodide: state.pyodide.version,
     load_ms: Math.round(performance.now()),
     ...(cacheOutcome ? { code_cache: cacheOutcome } : {}),
+    ...(opened ? { snapshot_read: "pages" in opened.snapshot ? "pages" : "whole" } as const : {}),
     ...(preloadFailed.length ? { preload_failed: preloadFailed } : {}),
     phases,
   });
@@ -595,7 +596,8 @@ function openSnapshot(
   const file = openSync(path);
   try {
     const info = file.statSync();
-    const identity = `${info.dev}:${info.ino}:${info.size}:${info.ctime?.getTime()}`;
+    // Its birth time, which marking the file used (cache_files.py) leaves alone; else its change time.
+    const identity = `${info.dev}:${info.ino}:${info.size}:${(info.birthtime ?? info.ctime)?.getTime()}`;
     if (pages?.identity === identity) {
       const read = (into: Uint8Array, at: number) => readAt(file, into, at);
       return { snapshot: { bytes: pages.header.slice(), pages, read }, close: () => file.close() };
