@@ -25,6 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from mcp_sandbox.app import App
+from mcp_sandbox.backends.base import Backend
 from mcp_sandbox.server import build_server
 from mcp_sandbox.settings import Settings
 
@@ -373,3 +374,26 @@ async def restartable_redis(folder: Path, *, appendonly: bool = False) -> AsyncI
         yield server
     finally:
         await server.stop()
+
+
+async def pyodide_in_own_cache(folder: Path, settings: Settings) -> Settings:
+    """`settings` with `folder` as the cache folder, holding a copy of the Pyodide the usual one
+    has (fetched there first if need be): the backend makes its snapshot and code cache anew."""
+    from mcp_sandbox.backends.base import ExecutorHooks
+    from mcp_sandbox.backends.registry import prepare_backend
+
+    async with anyio.create_task_group() as task_group:
+        await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
+        task_group.cancel_scope.cancel()
+    shutil.copytree(settings.cache_dir / "deno" / "npm", folder / "deno" / "npm")
+    return settings.model_copy(update={"cache_dir": folder})
+
+
+async def computes_once(backend: Backend, task_group: anyio.abc.TaskGroup) -> None:
+    """A new sandbox of `backend` computes 6 * 7; then it is closed and `task_group` ended."""
+    executor = await backend.start()
+    try:
+        assert (await executor.run("6 * 7", 60)).result == "42"
+    finally:
+        await executor.close()
+        task_group.cancel_scope.cancel()

@@ -8,22 +8,26 @@ import json
 import logging
 import os
 import re
-import shutil
 from pathlib import Path
 
 import anyio
 import anyio.abc
 import pytest
 
-from mcp_sandbox.backends.base import Backend, ExecutorHooks
+from mcp_sandbox.backends.base import ExecutorHooks
 from mcp_sandbox.backends.pyodide import RUNNER_DIR as RUNNER
 from mcp_sandbox.backends.pyodide import PyodideBackend
 from mcp_sandbox.backends.registry import prepare_backend
 from mcp_sandbox.settings import Settings
+from tests.helpers import computes_once, pyodide_in_own_cache
 
 pytestmark = pytest.mark.anyio
 
 REPO = Path(__file__).parents[2]
+#: A backend whose second sandbox is a later worker of the first's process.
+TWO_PER_PROCESS = Settings(
+    backend="pyodide", default_packages="", pyodide_tier_up=False, sandboxes_per_process=2
+)
 
 STEPS = [
     "worker start",
@@ -65,25 +69,12 @@ def ready_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [record.getMessage() for record in caplog.records if " ready in " in record.getMessage()]
 
 
-async def computes_once(backend: Backend, task_group: anyio.abc.TaskGroup) -> None:
-    """A new sandbox of `backend` computes 6 * 7; then it is closed and `task_group` ended."""
-    executor = await backend.start()
-    try:
-        assert (await executor.run("6 * 7", 60)).result == "42"
-    finally:
-        await executor.close()
-        task_group.cancel_scope.cancel()
-
-
 async def test_every_sandbox_starts_from_the_code_cache_made_with_the_snapshot(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    settings = Settings(
-        backend="pyodide", default_packages="", pyodide_tier_up=False, sandboxes_per_process=2
-    )
     caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
     async with anyio.create_task_group() as task_group:
-        backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
+        backend = await prepare_backend(TWO_PER_PROCESS, ExecutorHooks(tools=None), task_group)
         first = await backend.start()
         later = await backend.start()
         try:
@@ -124,17 +115,12 @@ async def test_a_cache_folder_whose_path_holds_a_space_serves_as_any_other(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     """The runtime script is read by its file path, decoded from its URL (which says %20)."""
-    settings = Settings(backend="pyodide", default_packages="", pyodide_tier_up=False)
-    async with anyio.create_task_group() as task_group:
-        await prepare_backend(settings, ExecutorHooks(tools=None), task_group)  # Pyodide in the usual cache
-        task_group.cancel_scope.cancel()
-    spaced = tmp_path / "a cache folder"
-    shutil.copytree(settings.cache_dir / "deno" / "npm", spaced / "deno" / "npm")
+    settings = await pyodide_in_own_cache(
+        tmp_path / "a cache folder", Settings(backend="pyodide", default_packages="", pyodide_tier_up=False)
+    )
     caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
     async with anyio.create_task_group() as task_group:
-        backend = await prepare_backend(
-            settings.model_copy(update={"cache_dir": spaced}), ExecutorHooks(tools=None), task_group
-        )
+        backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
         await computes_once(backend, task_group)
     said = ready_lines(caplog)
     assert len(said) == 1 and ", code cache used" in said[0], said
@@ -201,12 +187,9 @@ async def test_a_later_sandbox_reads_only_the_snapshots_pages_after_the_file_is_
     """The process's first worker reads the snapshot whole and finds its pages; a later one reads
     those pages only, from the same file, known by its birth time: marking the file used (its
     modification and change times, cache_files.touch) does not make it another file."""
-    settings = Settings(
-        backend="pyodide", default_packages="", pyodide_tier_up=False, sandboxes_per_process=2
-    )
     caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
     async with anyio.create_task_group() as task_group:
-        backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
+        backend = await prepare_backend(TWO_PER_PROCESS, ExecutorHooks(tools=None), task_group)
         first = await backend.start()
         try:
             os.utime(backend._snapshot)  # type: ignore[attr-defined]
