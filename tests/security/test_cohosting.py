@@ -22,6 +22,7 @@ session keeps alive, and ends them after.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
 import secrets
@@ -478,6 +479,83 @@ async def the_process_starts_clean(pair: Pair, reply: Reply) -> str | None:
     return None
 
 
+#: The process's sandboxes read one copy of the standard library's zip (stdlib.ts): the attacker
+#: writes into its own, through a write, or through a shared mapping flushed back (each is the
+#: first change of a sandbox's copy, so each attack takes one path).
+STDLIB_WRITE = program(
+    """
+    import glob
+    path = glob.glob('/lib/python*.zip')[0]
+    with open(path, 'r+b') as f:
+        f.seek(64)
+        f.write(b'ATTACK' * 64)
+    open(path, 'rb').read().count(b'ATTACK')
+    """
+)
+STDLIB_MAPPED = program(
+    """
+    import glob, mmap
+    path = glob.glob('/lib/python*.zip')[0]
+    with open(path, 'r+b') as f:
+        mapping = mmap.mmap(f.fileno(), 0)
+        mapping[4096:4102] = b'ATTACK'
+        mapping.flush()
+        mapping.close()
+    open(path, 'rb').read().count(b'ATTACK')
+    """
+)
+#: Every typed array on shared memory that Emscripten's file system calls a replaced method on, the
+#: attacker overwrites; an import then reads the zip through that file system.
+STDLIB_HOOKED = program(
+    """
+    import js
+    js.eval('''(() => {
+      const original = Uint8Array.prototype.subarray;
+      Object.defineProperty(Uint8Array.prototype, "subarray", {
+        configurable: true,
+        writable: true,
+        value: function (...args) {
+          if (this.buffer instanceof SharedArrayBuffer && this.buffer.byteLength > 65536) {
+            globalThis.poisoned = (globalThis.poisoned ?? 0) + 1;
+            new Uint8Array(this.buffer).fill(0x41);
+          }
+          return original.apply(this, args);
+        },
+      });
+    })()''')
+    try:
+        import fractions
+    except Exception as error:
+        print(type(error).__name__, error)
+    (int(getattr(js.globalThis, "poisoned", None) or 0), 1)
+    """
+)
+#: The zip's sha256 as a sandbox reads it, once it has imported a module not imported before.
+STDLIB_SHA = program(
+    """
+    import fractions, glob, hashlib
+    hashlib.sha256(open(glob.glob('/lib/python*.zip')[0], 'rb').read()).hexdigest()
+    """
+)
+
+
+async def stdlib_as_shipped(pair: Pair, reply: Reply) -> str | None:
+    """The victim, and a sandbox started in the process since, read the zip as Pyodide ships it."""
+    if reply.get("result") in (None, "0"):
+        pytest.fail(
+            f"the attacker's write did not land in its own copy, so this proves nothing: {reply.summary()}"
+        )
+    shipped = next(pair.cohosting.deno_dir.glob("npm/*/pyodide/*/python_stdlib.zip"))
+    expected = repr(hashlib.sha256(shipped.read_bytes()).hexdigest())
+    session = f"after-{pair.attacker}"
+    for who in (pair.victim, session):
+        seen = await send(pair.client, STDLIB_SHA, who, ANSWER_S)
+        if seen.get("result") != expected:
+            return f"{who} reads another standard library than Pyodide's: {seen.summary()}"
+    await reset(pair.client, session)
+    return None
+
+
 ATTACKS: list[CohostAttack] = [
     # 1. the victim's variables, through this interpreter and everything in the worker's realm
     CohostAttack("variables_through_the_realm", REALM, shows_none(SECRET, MESSAGE_SECRET, TOOL_SECRET)),
@@ -496,6 +574,10 @@ ATTACKS: list[CohostAttack] = [
     CohostAttack("memory_of_the_victim", MEMORY, few_markers, timeout=40),
     # 6. what the process's sandboxes share: its memory snapshot and its clean memory
     CohostAttack("shared_memory_of_the_process", SHARED, the_process_starts_clean),
+    # 7. the standard library's zip, one copy for the process's sandboxes: written to, or mapped
+    CohostAttack("standard_library_written_over", STDLIB_WRITE, stdlib_as_shipped, timeout=40),
+    CohostAttack("standard_library_mapped_and_flushed", STDLIB_MAPPED, stdlib_as_shipped, timeout=40),
+    CohostAttack("standard_library_through_a_hooked_method", STDLIB_HOOKED, stdlib_as_shipped, timeout=40),
 ]
 
 
