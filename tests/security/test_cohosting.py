@@ -492,6 +492,21 @@ STDLIB_WRITE = program(
     open(path, 'rb').read().count(b'ATTACK')
     """
 )
+STDLIB_GLOBALS = program(
+    """
+    import glob, js
+    saved = js.globalThis.SharedArrayBuffer, js.globalThis.Uint8Array
+    js.globalThis.SharedArrayBuffer, js.globalThis.Uint8Array = js.Array, js.Object
+    try:
+        path = glob.glob('/lib/python*.zip')[0]
+        with open(path, 'r+b') as f:
+            f.seek(64)
+            f.write(b'ATTACK' * 64)
+    finally:
+        js.globalThis.SharedArrayBuffer, js.globalThis.Uint8Array = saved
+    open(path, 'rb').read().count(b'ATTACK')
+    """
+)
 STDLIB_MAPPED = program(
     """
     import glob, mmap
@@ -515,6 +530,7 @@ STDLIB_HOOKED = program(
         configurable: true,
         writable: true,
         value: function (...args) {
+          globalThis.called = (globalThis.called ?? 0) + 1;
           if (this.buffer instanceof SharedArrayBuffer && this.buffer.byteLength > 65536) {
             globalThis.poisoned = (globalThis.poisoned ?? 0) + 1;
             new Uint8Array(this.buffer).fill(0x41);
@@ -527,7 +543,8 @@ STDLIB_HOOKED = program(
         import fractions
     except Exception as error:
         print(type(error).__name__, error)
-    (int(getattr(js.globalThis, "poisoned", None) or 0), 1)
+    count = lambda name: int(getattr(js.globalThis, name, None) or 0)
+    {"hook called": count("called"), "shared memory handed to it": count("poisoned")}
     """
 )
 #: The zip's sha256 as a sandbox reads it, once it has imported a module not imported before.
@@ -540,11 +557,16 @@ STDLIB_SHA = program(
 
 
 async def stdlib_as_shipped(pair: Pair, reply: Reply) -> str | None:
-    """The victim, and a sandbox started in the process since, read the zip as Pyodide ships it."""
-    if reply.get("result") in (None, "0"):
+    """The victim, and a sandbox started in the process since, read the zip as Pyodide ships it;
+    no hooked method was handed shared memory."""
+    result = ast.literal_eval(str(reply.get("result")))
+    landed = result.get("hook called") if isinstance(result, dict) else result
+    if not landed:
         pytest.fail(
-            f"the attacker's write did not land in its own copy, so this proves nothing: {reply.summary()}"
+            f"the attack did not land in the attacker's own copy, so this proves nothing: {reply.summary()}"
         )
+    if isinstance(result, dict) and result["shared memory handed to it"]:
+        return f"the file system handed a replaced method shared memory: {result}"
     shipped = next(pair.cohosting.deno_dir.glob("npm/*/pyodide/*/python_stdlib.zip"))
     expected = repr(hashlib.sha256(shipped.read_bytes()).hexdigest())
     session = f"after-{pair.attacker}"
@@ -576,6 +598,9 @@ ATTACKS: list[CohostAttack] = [
     CohostAttack("shared_memory_of_the_process", SHARED, the_process_starts_clean),
     # 7. the standard library's zip, one copy for the process's sandboxes: written to, or mapped
     CohostAttack("standard_library_written_over", STDLIB_WRITE, stdlib_as_shipped, timeout=40),
+    CohostAttack(
+        "standard_library_written_with_globals_replaced", STDLIB_GLOBALS, stdlib_as_shipped, timeout=40
+    ),
     CohostAttack("standard_library_mapped_and_flushed", STDLIB_MAPPED, stdlib_as_shipped, timeout=40),
     CohostAttack("standard_library_through_a_hooked_method", STDLIB_HOOKED, stdlib_as_shipped, timeout=40),
 ]
