@@ -397,15 +397,15 @@ function copyRuns(target: Uint8Array, source: Uint8Array, copied: Int32Array, of
 
 // This sandbox's clean memory, and its pages. The process's, when `heap` differs from it in a few
 // pages only (its start's timestamps): those are written over, and one copy, with the pages its
-// first worker found, serves every sandbox of the process. Else a copy of its own: in shared memory when the process has none yet, to be
-// the process's; its zero pages are left unwritten.
+// first worker found, serves every sandbox of the process. Else a copy of its own: in shared
+// memory when the process has none yet, to be the process's; its zero pages are left unwritten.
 function cleanMemory(
   heap: Uint8Array,
   shared: WorkerCleanMemory | undefined,
   first: boolean,
 ): { memory: Uint8Array; pages: PageRuns } {
-  const memory = shared?.cleanMemory;
-  if (shared !== undefined && memory !== undefined && memory.length === heap.length) {
+  if (shared !== undefined && shared.cleanMemory.length === heap.length) {
+    const memory = shared.cleanMemory;
     const pages = differingPages(heap, memory, MAX_CLEAN_DRIFT_PAGES);
     if (pages !== null) {
       for (const page of pages) heap.set(memory.subarray(page * PAGE, (page + 1) * PAGE), page * PAGE);

@@ -31,7 +31,7 @@ export const REWRITES: [string, string][] = [
   ],
 ];
 
-export function faster(source: string): string {
+function faster(source: string): string {
   for (const [from, to] of REWRITES) {
     const at = source.indexOf(from);
     if (at >= 0 && source.indexOf(from, at + 1) < 0) source = source.slice(0, at) + to + source.slice(at + from.length);
