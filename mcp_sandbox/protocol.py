@@ -709,9 +709,13 @@ class WorkerInit(TypedDict):
     #: Pyodide's compiled WebAssembly, from the first worker (WorkerModule): a replacement
     #: instantiates it instead of compiling the binary again.
     module: NotRequired[WasmModule]
+    #: calloc's slot in the function table, as the first worker found it (WorkerModule).
+    callocSlot: NotRequired[int]
     #: The process's clean memory, shared: a worker whose clean point has the same fingerprint and
     #: whose memory differs from it in a few pages only (its start's timestamps) adopts it.
     clean: NotRequired[WorkerCleanMemory]
+    #: Pyodide's runtime script as script.ts rewrites it (pyodideScript), made once by the runner.
+    script: str
     #: V8's code cache of Pyodide's runtime script (script.ts), read from InitMessage.code_cache;
     #: ``codeCacheDamaged`` when that file is not the one the host made, and none is given.
     codeCache: NotRequired[Uint8Array]
@@ -802,6 +806,8 @@ class WorkerModule(TypedDict):
     the main thread to start a replacement worker from."""
 
     module: WasmModule
+    #: Where calloc is in the function table of an instance of ``module``, for the next to check.
+    callocSlot: int
 
 
 class WorkerWarmedUp(TypedDict):

@@ -1,6 +1,9 @@
-// How often each of script.ts's rewrites of Pyodide's runtime script finds its text in the file
-// given (test_start_phases.py): once each, or the rewrite is left out and the start is slower.
+// How often each text of script.ts's rewrites of Pyodide's runtime script is found in the file given
+// (test_start_phases.py), by rewrite: once each, or that rewrite is left out whole and starts are slower.
 import { REWRITES } from "../../mcp_sandbox/backends/pyodide/script.ts";
 
 const source = Deno.readTextFileSync(Deno.args[0]);
-console.log(JSON.stringify(REWRITES.map(([from]) => source.split(from).length - 1)));
+const count = (text: string) => source.split(text).length - 1;
+console.log(
+  JSON.stringify(Object.fromEntries(REWRITES.map(({ why, replace }) => [why, replace.map(([from]) => count(from))]))),
+);

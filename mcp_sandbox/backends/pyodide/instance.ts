@@ -6,7 +6,7 @@
 // after pyodide.asm.js has run (script.ts) and before loadPyodide calls it.
 import { hookCalloc, type Imports, type Instance, restoreCalloc } from "./linker.ts";
 import { SIGNAL_KILL, type SnapshotPages } from "./protocol.ts";
-import { copySparsely, readSparsely, watchFinalizers, watchSuspensions } from "./recycle.ts";
+import { copySparsely, hostSetTimeout, readSparsely, watchFinalizers, watchSuspensions } from "./recycle.ts";
 
 type Done = (instance: Instance, module: WebAssembly.Module) => void;
 type Settings = {
@@ -17,6 +17,7 @@ type Settings = {
 type Instantiate = typeof WebAssembly.instantiate;
 
 const PAGE = 65_536;
+const BINARY_READ_S = 30;
 // Emscripten's own first size for Pyodide's memory, when no snapshot sets it.
 const INITIAL_BYTES = 20_971_520;
 
@@ -57,8 +58,10 @@ export type InstanceOptions = {
   exited: (status: number) => void;
   // A module compiled before (by this process's first worker): instantiated instead of the binary.
   module?: WebAssembly.Module;
-  // Called with the compiled module once it is instantiated.
-  compiled: (module: WebAssembly.Module) => void;
+  // calloc's table slot in an instance of `module` (linker.ts, hookCalloc).
+  callocSlot?: number;
+  // Called with the compiled module, and calloc's table slot, once it is instantiated.
+  compiled: (module: WebAssembly.Module, callocSlot: number) => void;
   // The memory snapshot Pyodide is given, when it starts from one.
   snapshot?: Snapshot;
 };
@@ -70,7 +73,12 @@ export type Snapshot =
   | { bytes: Uint8Array<ArrayBuffer>; restored: (pages: Omit<SnapshotPages, "identity">) => void }
   | { bytes: Uint8Array<ArrayBuffer>; pages: SnapshotPages; read: (into: Uint8Array, position: number) => void };
 
-export function hookInstance(options: InstanceOptions): void {
+// Resolves once no hook of WebAssembly's own functions is left (instantiateCompiled): the clean
+// point records them as the built-ins a program must leave alone.
+export type Hooked = { unhooked: () => Promise<void> };
+
+export function hookInstance(options: InstanceOptions): Hooked {
+  let unhooked: Promise<void> = Promise.resolve();
   const global = globalThis as unknown as { _createPyodideModule: (settings: Settings) => Promise<unknown> };
   const create = global._createPyodideModule;
   global._createPyodideModule = (settings: Settings) => {
@@ -120,17 +128,19 @@ export function hookInstance(options: InstanceOptions): void {
           const table = (imports as unknown as Record<string, Record<string, unknown> | undefined>)[name];
           if (table && "proc_exit" in table) table.proc_exit = exit;
         }
-        const restore = options.module ? reuseModule(options.module) : () => {};
-        return original(imports, (instance, module) => {
-          restore();
-          options.compiled(module);
-          done(hookCalloc(imports, instance), module);
+        const made: Done = (instance, module) => {
+          const hooked = hookCalloc(imports, instance, options.callocSlot);
+          options.compiled(module, hooked.slot);
+          done(hooked.instance, module);
           restoreCalloc(imports, instance);
-        });
+        };
+        if (options.module) unhooked = instantiateCompiled(options.module, imports, made);
+        return original(imports, made);
       };
     }
     return create(settings);
   };
+  return { unhooked: () => unhooked };
 }
 
 // Pyodide restores a memory snapshot with one `HEAP8.set`, touching every page: for that call only,
@@ -175,19 +185,45 @@ function restoreSparsely(settings: Settings, snapshot: Snapshot): void {
   };
 }
 
-// Pyodide instantiates its binary itself (with imports only it knows how to make): for the one
-// call that carries the runtime's imports, the compiled module is used instead of the binary.
-function reuseModule(module: WebAssembly.Module): () => void {
+// Pyodide instantiates its binary itself, with imports only it knows how to make: it sets their
+// last one (`sentinel`), then waits for the binary it is reading (8.6 MB, ~10 ms of a start) only
+// to instantiate it. Given the process's compiled module, the instance is made as soon as that
+// import is set; Pyodide's own instantiation, when its read is done, is then left pending (and its
+// binary garbage). A Pyodide that sets no such import gets the compiled module when it asks.
+// Only a call with those very imports is answered so: no other caller is served differently.
+function instantiateCompiled(module: WebAssembly.Module, imports: Imports, made: Done): Promise<void> {
   const wasm = WebAssembly as unknown as Record<"instantiate" | "instantiateStreaming", Instantiate>;
-  const original = { instantiate: wasm.instantiate, instantiateStreaming: wasm.instantiateStreaming };
-  const fromModule = (real: Instantiate) =>
-    (async (source: unknown, imports?: WebAssembly.Imports) => {
-      if (imports && "GOT.func" in imports) {
-        return { instance: await original.instantiate(module, imports), module };
-      }
-      return await (real as (source: unknown, imports?: WebAssembly.Imports) => Promise<unknown>)(source, imports);
+  const real = { instantiate: wasm.instantiate, instantiateStreaming: wasm.instantiateStreaming };
+  const { promise: unhooked, resolve, reject } = Promise.withResolvers<void>();
+  // Past this, Pyodide's read failed (it says so with a warning), and the sandbox fails to start.
+  const limit = hostSetTimeout(
+    () => reject(new Error(`Pyodide's binary was not read in ${BINARY_READ_S} s`)),
+    BINARY_READ_S * 1000,
+  );
+  let early = false;
+  type Call = (source: unknown, imports?: WebAssembly.Imports) => Promise<unknown>;
+  const instead = (name: keyof typeof real) =>
+    (async (source: unknown, given?: WebAssembly.Imports) => {
+      if (given !== (imports as unknown)) return await (real[name] as unknown as Call)(source, given);
+      Object.assign(wasm, real);
+      clearTimeout(limit);
+      resolve();
+      if (early) return await new Promise(() => {});
+      return { instance: await real.instantiate(module, given), module };
     }) as unknown as Instantiate;
-  wasm.instantiate = fromModule(original.instantiate);
-  wasm.instantiateStreaming = fromModule(original.instantiateStreaming);
-  return () => Object.assign(wasm, original);
+  wasm.instantiate = instead("instantiate");
+  wasm.instantiateStreaming = instead("instantiateStreaming");
+  Object.defineProperty(imports, "sentinel", {
+    configurable: true,
+    enumerable: true,
+    set(value: unknown) {
+      Object.defineProperty(imports, "sentinel", { configurable: true, enumerable: true, writable: true, value });
+      early = true;
+      real.instantiate(module, imports as unknown as WebAssembly.Imports).then(
+        (instance) => made(instance as unknown as Instance, module),
+        (error) => console.warn("wasm instantiation failed!", error), // as Pyodide reports it
+      );
+    },
+  });
+  return unhooked;
 }

@@ -60,15 +60,19 @@ export type Imports = { env: Record<string, unknown>; "GOT.func": Record<string,
 type Calloc = (count: number, size: number) => number;
 
 // The instance the runtime's JavaScript is given, made just after Pyodide's WebAssembly is
-// instantiated (instance.ts): its JavaScript side calls calloc through the hook.
-export function hookCalloc(imports: Imports, instance: Instance): Instance {
+// instantiated (instance.ts): its JavaScript side calls calloc through the hook. `slot`: calloc's
+// table slot where a worker of the same module found it, checked, else looked for (2 ms).
+export function hookCalloc(imports: Imports, instance: Instance, slot?: number): { instance: Instance; slot: number } {
   const calloc = instance.exports.calloc as Calloc;
   table = imports.env.__indirect_function_table as WebAssembly.Table;
   // Everything but the runtime's JavaScript keeps the real calloc, in the same table slot as
   // without the hook (so the function table, and a memory snapshot, are laid out the same): its
   // GOT entry is set before the runtime would add one, and its symbol after (`restoreCalloc`).
-  imports["GOT.func"].calloc.value = slotOf(calloc);
-  return { exports: { ...instance.exports, calloc: hooked(calloc) } };
+  const found = slot !== undefined && slot > 0 && slot < table.length && table.get(slot) === calloc
+    ? slot
+    : slotOf(calloc);
+  imports["GOT.func"].calloc.value = found;
+  return { instance: { exports: { ...instance.exports, calloc: hooked(calloc) } }, slot: found };
 }
 
 export function restoreCalloc(imports: Imports, instance: Instance): void {

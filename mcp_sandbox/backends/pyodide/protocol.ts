@@ -264,7 +264,9 @@ export type WorkerInit = {
   preload?: string[];
   memoryMaxBytes?: number;
   module?: WebAssembly.Module;
+  callocSlot?: number;
   clean?: WorkerCleanMemory;
+  script: string;
   codeCache?: Uint8Array;
   codeCacheDamaged?: boolean;
 };
@@ -329,6 +331,7 @@ export type WorkerRecycledCrash = {
 
 export type WorkerModule = {
   module: WebAssembly.Module;
+  callocSlot: number;
 };
 
 export type WorkerWarmedUp = {

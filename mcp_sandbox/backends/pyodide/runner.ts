@@ -48,6 +48,7 @@ import {
   type WorkerRestore,
   type WorkerWarmedUp,
 } from "./protocol.ts";
+import { pyodideScript } from "./script.ts";
 
 const PASSING = new Set<string>(PASSING_KINDS);
 
@@ -79,7 +80,7 @@ function unseal(line: string): HostEnvelope | null {
 
 // Pyodide's compiled WebAssembly, handed over by the first worker: every later one starts from it,
 // so V8's compiled and optimised code is shared, and kept across crashes.
-let compiled: WebAssembly.Module | null = null;
+let compiled: WorkerModule | null = null;
 // The first clean memory a worker reached (WorkerCleanMemory), shared by every later one that
 // reaches the same: never written after it is made.
 let clean: WorkerCleanMemory | null = null;
@@ -89,6 +90,8 @@ let warmedUp = false;
 // V8's code cache of Pyodide's runtime script (InitMessage.code_cache), read and checked once for
 // every worker: "damaged" when it is not what the host made (V8 would not notice).
 let codeCacheRead: Uint8Array | "damaged" | null | undefined;
+// Pyodide's runtime script as every worker runs it (script.ts), made once.
+let script: string | undefined;
 const sandboxes = new Map<number, Sandbox>();
 // Sandboxes asked for while the first worker compiles: started once it hands its module over (or
 // fails), so no two compile it.
@@ -341,7 +344,7 @@ class Sandbox {
     ) => {
       if (port !== this.control) return; // a replaced worker's port
       if ("module" in event.data) {
-        compiled ??= event.data.module;
+        compiled ??= { module: event.data.module, callocSlot: event.data.callocSlot };
         moduleSettled();
         return;
       }
@@ -367,12 +370,13 @@ class Sandbox {
       syncState: this.syncState,
       syncData: this.syncData,
       control: channel.port2,
-      ...(compiled ? { module: compiled } : {}),
+      ...(compiled ?? {}),
       ...(message.memory_max_bytes ? { memoryMaxBytes: message.memory_max_bytes } : {}),
       ...(message.packages_dir ? { packagesDir: message.packages_dir } : {}),
       ...(message.snapshot ? { snapshot: message.snapshot } : {}),
       ...(message.preload ? { preload: message.preload } : {}),
       ...(clean ? { clean } : {}),
+      script: script ??= pyodideScript(),
       ...codeCache(message),
     };
     this.ranSinceStart = false;

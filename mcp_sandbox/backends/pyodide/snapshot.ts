@@ -9,7 +9,7 @@
 import { loadPyodide } from "pyodide";
 import { loadGuestModules } from "./modules.ts";
 import { PYODIDE_OPTIONS } from "./options.ts";
-import { runPyodideScript } from "./script.ts";
+import { pyodideScript, runPyodideScript } from "./script.ts";
 
 const [mode, ...args] = Deno.args;
 if (mode === "snapshot") await makeSnapshot(args[0], args[1]);
@@ -35,7 +35,7 @@ async function makeSnapshot(file: string, guestModules: string | undefined): Pro
 }
 
 async function makeCodeCache(snapshot: string, file: string): Promise<void> {
-  const script = runPyodideScript();
+  const script = runPyodideScript(pyodideScript());
   const pyodide = await loadPyodide({ ...PYODIDE_OPTIONS, _loadSnapshot: Deno.readFileSync(snapshot) });
   // What a sandbox's start runs past loading: Python called, and values passed both ways.
   pyodide.runPython("import sys; sys.version");

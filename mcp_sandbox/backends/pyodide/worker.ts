@@ -7,7 +7,7 @@ import { HOME, PYODIDE_OPTIONS } from "./options.ts";
 import { loadGuestModules } from "./modules.ts";
 import { asTheWorker, CleanState, guardRealm, hostSetTimeout, type RecycleOutcome, taint } from "./recycle.ts";
 import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
-import { hookInstance, Killed, type Snapshot, Unwinding } from "./instance.ts";
+import { type Hooked, hookInstance, Killed, type Snapshot, Unwinding } from "./instance.ts";
 import { runPyodideScript } from "./script.ts";
 import {
   type CheckpointedMessage,
@@ -447,6 +447,7 @@ async function init(message: WorkerInit): Promise<void> {
   };
   const { packagesDir: packages, snapshot } = message;
   let snapshotPages: SnapshotPages | undefined; // found by this worker's restore, if it reads it whole
+  let hooked: Hooked | undefined;
   let cacheOutcome: "used" | "refused" | "damaged" | undefined = message.codeCacheDamaged ? "damaged" : undefined;
   const opened = snapshot
     ? openSnapshot(snapshot, message.clean?.snapshot, (found) => snapshotPages = found)
@@ -457,10 +458,11 @@ async function init(message: WorkerInit): Promise<void> {
     // Run here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
     const given = message.codeCache;
     delete message.codeCache; // `message` lives as long as the worker: the 1 MB need not
-    const script = runPyodideScript(given);
+    const script = runPyodideScript(message.script, given);
+    message.script = ""; // as the cache: 1 MB
     if (given) cacheOutcome = script.cacheRejected ? "refused" : "used";
     step("pyodide.asm.js");
-    hookInstance({
+    hooked = hookInstance({
       maxBytes: message.memoryMaxBytes,
       signals: state.signals,
       running: () => state.currentId !== null,
@@ -468,8 +470,9 @@ async function init(message: WorkerInit): Promise<void> {
         state.exitStatus ??= status;
       },
       module: message.module as WebAssembly.Module | undefined,
-      compiled: (module) => {
-        if (!message.module) answer({ module } satisfies WorkerModule);
+      ...(message.callocSlot !== undefined ? { callocSlot: message.callocSlot } : {}),
+      compiled: (module, callocSlot) => {
+        if (!message.module) answer({ module, callocSlot } satisfies WorkerModule);
       },
       ...(opened ? { snapshot: opened.snapshot } : {}),
     });
@@ -551,6 +554,9 @@ async function init(message: WorkerInit): Promise<void> {
   guest.report_reaching_past((event: string) => taint(`it used ${event}`));
   const preloadFailed = await preload(message.preload ?? []);
   await settleMessagePorts();
+  // Pyodide's own read of its binary may end after it has started (instance.ts): the clean point
+  // comes once WebAssembly's functions are their own again.
+  await hooked?.unhooked();
   step("preload");
   state.clean = new CleanState(state.pyodide, GUEST_DATA, [facade], message.clean);
   // The process's first clean memory goes to the main thread, for every later worker to adopt.
