@@ -4,6 +4,7 @@
 //
 // Pyodide passes no Emscripten settings through loadPyodide, so its module factory is wrapped
 // after pyodide.asm.js has run (script.ts) and before loadPyodide calls it.
+import { fileURLToPath } from "node:url";
 import { hookCalloc, type Imports, type Instance, restoreCalloc } from "./linker.ts";
 import { SIGNAL_KILL, type SnapshotPages } from "./protocol.ts";
 import { copySparsely, hostSetTimeout, readSparsely, watchFinalizers, watchSuspensions } from "./recycle.ts";
@@ -46,6 +47,25 @@ export class ProgramExited extends Unwinding {
     super(`Program terminated with exit(${status})`);
     Object.defineProperty(this, "name", { value: "Exit" }); // as Pyodide names it
   }
+}
+
+// Where Pyodide reads its files from (loadPyodide's options). It reads its binary (8.6 MB) from
+// `indexURL` at every start, even when a compiled module is given, and that read ends late enough
+// to hold up the clean point (instantiateCompiled): a worker with the module points `indexURL` at an
+// empty file of that name, if it is there, and names where the other files are. Pyodide 0.29 reads
+// nothing else from `indexURL`.
+const NO_BINARY = fileURLToPath(new URL("./no-binary/", import.meta.url));
+
+export function fileOptions(pyodideDir: string, compiled: boolean) {
+  let empty = false;
+  try {
+    empty = compiled && Deno.statSync(`${NO_BINARY}pyodide.asm.wasm`).size === 0;
+  } catch { /* not installed with the runner: Pyodide reads its binary */ }
+  return {
+    indexURL: empty ? NO_BINARY : pyodideDir,
+    stdLibURL: `${pyodideDir}python_stdlib.zip`,
+    lockFileURL: `${pyodideDir}pyodide-lock.json`,
+  };
 }
 
 export type InstanceOptions = {

@@ -8,6 +8,8 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import vm from "node:vm";
 
 const SCRIPT_URL = import.meta.resolve("pyodide/pyodide.asm.js");
+// Pyodide's folder, where its runtime files are.
+export const PYODIDE_DIR = `${dirname(fileURLToPath(SCRIPT_URL))}/`;
 
 export type PyodideScript = {
   // V8's code for the script and for each of its functions compiled so far.

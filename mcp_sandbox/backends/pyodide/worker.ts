@@ -7,8 +7,8 @@ import { HOME, PYODIDE_OPTIONS } from "./options.ts";
 import { loadGuestModules } from "./modules.ts";
 import { asTheWorker, CleanState, guardRealm, hostSetTimeout, type RecycleOutcome, taint } from "./recycle.ts";
 import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
-import { type Hooked, hookInstance, Killed, type Snapshot, Unwinding } from "./instance.ts";
-import { runPyodideScript } from "./script.ts";
+import { fileOptions, type Hooked, hookInstance, Killed, type Snapshot, Unwinding } from "./instance.ts";
+import { PYODIDE_DIR, runPyodideScript } from "./script.ts";
 import {
   type CheckpointedMessage,
   type ControlAnswer,
@@ -478,6 +478,7 @@ async function init(message: WorkerInit): Promise<void> {
     });
     state.pyodide = await loadPyodide({
       ...PYODIDE_OPTIONS,
+      ...fileOptions(PYODIDE_DIR, message.module !== undefined),
       ...(packages ? { packageBaseUrl: `${packages}/` } : {}),
       // Restoring the interpreter's memory skips most of the start-up (see snapshot.ts).
       ...(opened ? { _loadSnapshot: opened.snapshot.bytes } : {}),
@@ -543,6 +544,7 @@ async function init(message: WorkerInit): Promise<void> {
   step("first rounds");
   hideHostPaths([
     [packages, "/packages"],
+    [PYODIDE_DIR, "/pyodide"],
     [snapshot, "/snapshot"],
     [new URL(".", import.meta.url).pathname, "/runner"],
     [Deno.execPath(), "deno"],
