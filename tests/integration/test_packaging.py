@@ -39,6 +39,7 @@ def test_wheel_contains_the_runner(wheel: Path) -> None:
         "modules.ts",
         "snapshot.ts",
         "script.ts",
+        "rewrites.ts",
         "instance.ts",
         "linker.ts",
         "no-binary/pyodide.asm.wasm",

@@ -225,7 +225,7 @@ class PyodideBackend(Backend):
         from them all); None (slower starts) when it cannot be made."""
         assert self._pyodide_dir is not None
         guest = json.dumps(GUEST_MODULES).encode()
-        # script.ts is the code cache's (its own tag): the snapshot does not run it.
+        # script.ts and rewrites.ts are the code cache's (its own tag): the snapshot runs neither.
         scripts = (self._runner / name for name in ("snapshot.ts", "options.ts", "modules.ts"))
         tag = hashlib.sha256(b"".join(path.read_bytes() for path in scripts) + guest).hexdigest()[:12]
         snapshot = self._settings.cache_dir / f"pyodide-{self._version}-{tag}.snapshot"
@@ -255,7 +255,9 @@ class PyodideBackend(Backend):
         cannot be made: each process's first sandbox then compiles the script itself."""
         assert self._pyodide_dir is not None and self._snapshot is not None
         deno = self._deno.stat()
-        key = [self._code_flags(), (self._runner / "script.ts").read_text(), deno.st_size, deno.st_mtime_ns]
+        # script.ts runs what rewrites.ts makes of the script, and the cache holds the code of that.
+        sources = [(self._runner / name).read_text() for name in ("script.ts", "rewrites.ts")]
+        key = [self._code_flags(), *sources, deno.st_size, deno.st_mtime_ns]
         tag = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
         # Named by its sha256 too, which the runner checks: V8 finds no damage in a cache's body.
         for found in self._snapshot.parent.glob(f"{self._snapshot.stem}-{tag}-*.jscache"):

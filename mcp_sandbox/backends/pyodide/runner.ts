@@ -48,7 +48,7 @@ import {
   type WorkerRestore,
   type WorkerWarmedUp,
 } from "./protocol.ts";
-import { pyodideScript } from "./script.ts";
+import { pyodideScript } from "./rewrites.ts";
 
 const PASSING = new Set<string>(PASSING_KINDS);
 

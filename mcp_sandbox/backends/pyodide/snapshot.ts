@@ -9,7 +9,8 @@
 import { loadPyodide } from "pyodide";
 import { loadGuestModules } from "./modules.ts";
 import { PYODIDE_OPTIONS } from "./options.ts";
-import { pyodideScript, runPyodideScript } from "./script.ts";
+import { pyodideScript } from "./rewrites.ts";
+import { runPyodideScript } from "./script.ts";
 
 const [mode, ...args] = Deno.args;
 if (mode === "snapshot") await makeSnapshot(args[0], args[1]);

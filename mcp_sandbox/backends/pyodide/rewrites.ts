@@ -1,0 +1,85 @@
+// Pyodide's runtime script (pyodide.asm.js) as every worker runs it (script.ts): rewritten where
+// its linker costs a new worker's start. Made once per process by the runner's main thread, which
+// loads no Node module for it (each costs that thread's heap megabytes).
+export const SCRIPT_URL = import.meta.resolve("pyodide/pyodide.asm.js");
+
+// Each rewrite is a list of replacements, each of a text found exactly once in the script, applied
+// all or none: one not found (another Pyodide) is left out whole.
+export type Rewrite = { why: string; replace: [string, string][] };
+
+export const REWRITES: Rewrite[] = [
+  {
+    // Emscripten's linker walks each of the ~10,000 exports and GOT entries with `Object.entries`,
+    // which costs twice what a walk of the keys does in a new worker's cold code. The same entries
+    // in the same order, and the object left as it is.
+    why: "keys, not entries",
+    replace: [
+      [
+        "for(var[sym,exp]of Object.entries(exports)){",
+        "for(var sym of Object.keys(exports)){var exp=exports[sym];",
+      ],
+      [
+        "for(var[symName,entry]of Object.entries(GOT)){",
+        "for(var symName of Object.keys(GOT)){var entry=GOT[symName];",
+      ],
+    ],
+  },
+  {
+    // The main module's ~9,700 exports each got a GOT entry (a WebAssembly.Global) at every start,
+    // for a C extension to import; few ever are. Their values are kept in a map instead, and an
+    // entry is made, holding its value, when first asked for. A function export still takes its
+    // table slot in the same order, so the table is laid out as the memory snapshot expects.
+    why: "the main module's GOT entries made when asked for",
+    replace: [
+      [
+        "var GOT={};",
+        "var GOT={};var mainGOT=new Map,mainGOTOpen=false;" +
+        'var newGOTEntry=symName=>new WebAssembly.Global({value:"i32",mutable:true},mainGOT.get(symName)??0);',
+      ],
+      [
+        'if(!rtn){rtn=GOT[symName]=new WebAssembly.Global({value:"i32",mutable:true})}',
+        "if(!rtn){rtn=GOT[symName]=newGOTEntry(symName)}",
+      ],
+      [
+        'var value=exports[symName];GOT[symName]||=new WebAssembly.Global({value:"i32",mutable:true});',
+        'var value=exports[symName];if(mainGOTOpen&&!GOT[symName]){if(typeof value=="function"){' +
+        'mainGOT.set(symName,addFunction(value));continue}if(typeof value=="number"){mainGOT.set(symName,value);' +
+        "continue}}GOT[symName]||=newGOTEntry(symName);",
+      ],
+      [
+        'GOT["__heap_base"].value=end;',
+        'GOT["__heap_base"]||=newGOTEntry("__heap_base");GOT["__heap_base"].value=end;',
+      ],
+      [
+        "wasmExports=relocateExports(wasmExports,1024);",
+        "mainGOTOpen=true;wasmExports=relocateExports(wasmExports,1024);mainGOTOpen=false;",
+      ],
+    ],
+  },
+];
+
+function foundOnce(source: string, text: string): number | null {
+  const at = source.indexOf(text);
+  return at >= 0 && source.indexOf(text, at + 1) < 0 ? at : null;
+}
+
+// Pyodide's runtime script with the rewrites that fit it applied, put together once: replacing
+// one text after another made a new 1 MB string each time, garbage in the runner's idle heap.
+export function pyodideScript(): string {
+  const source = Deno.readTextFileSync(new URL(SCRIPT_URL));
+  const edits: [number, number, string][] = [];
+  for (const rewrite of REWRITES) {
+    const found = rewrite.replace.map(([from, to]) => [foundOnce(source, from), from.length, to] as const);
+    if (found.every(([at]) => at !== null)) edits.push(...(found as [number, number, string][]));
+  }
+  edits.sort((a, b) => a[0] - b[0]);
+  const parts: string[] = [];
+  let done = 0;
+  for (const [at, length, to] of edits) {
+    if (at < done) throw new Error("two of script.ts's rewrites overlap"); // a mistake in REWRITES
+    parts.push(source.slice(done, at), to);
+    done = at + length;
+  }
+  parts.push(source.slice(done));
+  return parts.join("");
+}
