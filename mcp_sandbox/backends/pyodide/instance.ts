@@ -207,10 +207,11 @@ function restoreSparsely(settings: Settings, snapshot: Snapshot): void {
 
 // Pyodide instantiates its binary itself, with imports only it knows how to make: it sets their
 // last one (`sentinel`), then waits for the binary it reads (8.6 MB, ~10 ms of a start; an empty
-// file, where fileOptions points it) only to instantiate it. Given the process's compiled module, the instance is made as soon as that
-// import is set; Pyodide's own instantiation, when its read is done, is then left pending (and its
-// binary garbage). A Pyodide that sets no such import gets the compiled module when it asks.
-// Only a call with those very imports is answered so: no other caller is served differently.
+// file, where fileOptions points it) only to instantiate it. Given the process's compiled module,
+// the instance is made as soon as that import is set; Pyodide's own instantiation, when its read
+// is done, is then left pending. A Pyodide that sets no such import gets the compiled module when
+// it asks. Only a call with those very imports is answered so: no other caller is served
+// differently.
 function instantiateCompiled(module: WebAssembly.Module, imports: Imports, made: Done): Promise<void> {
   const wasm = WebAssembly as unknown as Record<"instantiate" | "instantiateStreaming", Instantiate>;
   const real = { instantiate: wasm.instantiate, instantiateStreaming: wasm.instantiateStreaming };

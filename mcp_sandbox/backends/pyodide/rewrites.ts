@@ -76,7 +76,7 @@ export function pyodideScript(): string {
   const parts: string[] = [];
   let done = 0;
   for (const [at, length, to] of edits) {
-    if (at < done) throw new Error("two of script.ts's rewrites overlap"); // a mistake in REWRITES
+    if (at < done) throw new Error("two of the rewrites overlap"); // a mistake in REWRITES
     parts.push(source.slice(done, at), to);
     done = at + length;
   }
