@@ -714,7 +714,7 @@ class WorkerInit(TypedDict):
     #: The process's clean memory, shared: a worker whose clean point has the same fingerprint and
     #: whose memory differs from it in a few pages only (its start's timestamps) adopts it.
     clean: NotRequired[WorkerCleanMemory]
-    #: Pyodide's runtime script as script.ts rewrites it (pyodideScript), made once by the runner.
+    #: Pyodide's runtime script as rewrites.ts makes it (pyodideScript), once per runner process.
     script: str
     #: V8's code cache of Pyodide's runtime script (script.ts), read from InitMessage.code_cache;
     #: ``codeCacheDamaged`` when that file is not the one the host made, and none is given.

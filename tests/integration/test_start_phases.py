@@ -158,9 +158,9 @@ async def test_without_a_snapshot_a_sandbox_loads_the_guest_runtime_its_init_car
 
 
 async def test_each_rewrite_of_pyodides_runtime_script_finds_its_text_once() -> None:
-    """script.ts rewrites parts of the pinned Pyodide's linker (two loops, and the GOT entries made
-    when asked for); a Pyodide whose script lacks their text would start without them, slower, and
-    say nothing: this says it."""
+    """rewrites.ts rewrites parts of the pinned Pyodide's linker (two loops, and the GOT entries
+    made when asked for); a Pyodide whose script lacks their text would start without them, slower,
+    and say nothing: this says it."""
     settings = Settings(backend="pyodide", default_packages="", pyodide_tier_up=False)
     async with anyio.create_task_group() as task_group:
         backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
