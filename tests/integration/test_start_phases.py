@@ -89,6 +89,40 @@ async def test_every_sandbox_starts_from_the_code_cache_made_with_the_snapshot(
     assert len(said) == 2 and all(", code cache used" in line for line in said), said
 
 
+#: What a program reaches of the Node built-ins Pyodide's runtime script is given (script.ts):
+#: node:tty's answer for the standard streams, node:crypto when first asked (os.urandom), and a
+#: bare module name resolved from Pyodide's package, refused without a host path.
+BUILT_INS = """
+import os, random, js
+print(os.isatty(0), os.isatty(1), os.isatty(2), len(os.urandom(8)), 0 <= random.random() < 1)
+try:
+    await js.eval("import('no-such-module-xyz')")
+except Exception as error:
+    print(error)
+"""
+
+
+async def test_pyodides_script_gets_the_node_built_ins_it_asks_for_in_every_worker() -> None:
+    async with anyio.create_task_group() as task_group:
+        backend = await prepare_backend(TWO_PER_PROCESS, ExecutorHooks(tools=None), task_group)
+        first = await backend.start()
+        later = await backend.start()
+        try:
+            assert first.pid == later.pid  # type: ignore[attr-defined]
+            for executor in (first, later):
+                result = await executor.run(BUILT_INS, 60)
+                assert result.success, result
+                # The runner's standard streams are pipes: none is a terminal.
+                assert result.stdout.splitlines() == [
+                    "False False False 8 True",
+                    "TypeError: Cannot find module 'no-such-module-xyz'",
+                ], result.stdout
+        finally:
+            for executor in (first, later):
+                await executor.close()
+            task_group.cancel_scope.cancel()
+
+
 async def test_a_damaged_code_cache_is_not_used_and_the_sandbox_starts_without_it(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:

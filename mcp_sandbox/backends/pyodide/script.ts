@@ -2,14 +2,17 @@
 // through node:vm, so that a worker can start from V8's code cache of it (made with the memory
 // snapshot, snapshot.ts): Deno's own code cache does not serve this file, and compiling it, then
 // each of its functions as Pyodide started, took about 80 ms of every start.
-import { createRequire } from "node:module";
-import { dirname } from "node:path";
-import { fileURLToPath, pathToFileURL } from "node:url";
 import vm from "node:vm";
 import { SCRIPT_URL } from "./rewrites.ts";
 
 // Pyodide's folder, where its runtime files are.
-export const PYODIDE_DIR = `${dirname(fileURLToPath(SCRIPT_URL))}/`;
+export const PYODIDE_DIR = decodeURIComponent(new URL(".", SCRIPT_URL).pathname);
+
+// The Node built-ins the script asks for as it starts, by each name it uses. Node's module loader
+// (node:module) costs a worker 2-3 ms to load: it serves only what else is asked, when asked.
+const STARTING = ["fs", "path"];
+
+type Require = ((name: string) => unknown) & { resolve(name: string): string };
 
 export type PyodideScript = {
   // V8's code for the script and for each of its functions compiled so far.
@@ -20,9 +23,9 @@ export type PyodideScript = {
 
 // Defines Pyodide's module factory (`_createPyodideModule`), which loadPyodide then uses instead of
 // loading the script itself.
-export function runPyodideScript(source: string, codeCache?: Uint8Array): PyodideScript {
-  const file = fileURLToPath(SCRIPT_URL);
-  const require = createRequire(file);
+export async function runPyodideScript(source: string, codeCache?: Uint8Array): Promise<PyodideScript> {
+  const file = decodeURIComponent(new URL(SCRIPT_URL).pathname);
+  const require = await scriptRequire(file);
   // The wrapper is CommonJS's, on the script's first line: its `require` and `__dirname` are the
   // ones the script reads when it runs in Node (as Pyodide's loader runs it here).
   const wrapped = `(function (exports, require, module, __filename, __dirname) {${source}\n})`;
@@ -40,14 +43,45 @@ export function runPyodideScript(source: string, codeCache?: Uint8Array): Pyodid
       } catch {
         throw new TypeError(`Cannot find module '${specifier}'`);
       }
-      return import(pathToFileURL(resolved).href);
+      const url = new URL("file:///");
+      url.pathname = resolved.replaceAll("%", "%25");
+      return import(url.href);
     }) as never,
   });
   const run = script.runInThisContext() as (...args: unknown[]) => void;
   const module = { exports: {} };
-  run.call(module.exports, module.exports, require, module, file, dirname(file));
+  run.call(module.exports, module.exports, require, module, file, PYODIDE_DIR.replace(/\/$/, ""));
   return {
     codeCache: () => script.createCachedData(),
     cacheRejected: codeCache !== undefined && script.cachedDataRejected === true,
   };
+}
+
+// `require` as CommonJS gives it to the script: the built-ins it starts with already loaded, the
+// rest (and names resolved from Pyodide's package) through Node's module loader, loaded when asked.
+async function scriptRequire(file: string): Promise<Require> {
+  const loaded = new Map<string, unknown>();
+  for (const name of STARTING) {
+    const module = (await import(`node:${name}`)).default;
+    loaded.set(name, module).set(`node:${name}`, module);
+  }
+  // Taken now, before any program could replace it.
+  const { process } = globalThis as unknown as { process: { getBuiltinModule(name: string): unknown } };
+  const builtIn = process.getBuiltinModule.bind(process);
+  let node: Require | undefined;
+  const nodeRequire = () => {
+    node ??= (builtIn("node:module") as { createRequire(file: string): Require }).createRequire(file);
+    return node;
+  };
+  // Pyodide asks node:tty only whether its standard streams are terminals: Deno answers that for
+  // them without loading node:tty (3 ms of every start).
+  const streams = [Deno.stdin, Deno.stdout, Deno.stderr];
+  type Tty = { isatty(fd: number): boolean };
+  const tty: Tty = {
+    isatty: (fd) => streams[fd]?.isTerminal() ?? (nodeRequire()("node:tty") as Tty).isatty(fd),
+  };
+  loaded.set("tty", tty).set("node:tty", tty);
+  const require = (name: string) => loaded.has(name) ? loaded.get(name) : nodeRequire()(name);
+  require.resolve = (name: string) => nodeRequire().resolve(name);
+  return require;
 }

@@ -36,7 +36,7 @@ async function makeSnapshot(file: string, guestModules: string | undefined): Pro
 }
 
 async function makeCodeCache(snapshot: string, file: string): Promise<void> {
-  const script = runPyodideScript(pyodideScript());
+  const script = await runPyodideScript(pyodideScript());
   const pyodide = await loadPyodide({ ...PYODIDE_OPTIONS, _loadSnapshot: Deno.readFileSync(snapshot) });
   // What a sandbox's start runs past loading: Python called, and values passed both ways.
   pyodide.runPython("import sys; sys.version");

@@ -458,7 +458,7 @@ async function init(message: WorkerInit): Promise<void> {
     // Run here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
     const given = message.codeCache;
     delete message.codeCache; // `message` lives as long as the worker: the 1 MB need not
-    const script = runPyodideScript(message.script, given);
+    const script = await runPyodideScript(message.script, given);
     message.script = ""; // as the cache: 1 MB
     if (given) cacheOutcome = script.cacheRejected ? "refused" : "used";
     step("pyodide.asm.js");
