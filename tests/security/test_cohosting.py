@@ -775,9 +775,17 @@ async def test_a_sandbox_that_reads_the_runners_stdin_reads_only_sealed_lines(co
         reply: list[Reply] = []
         async with anyio.create_task_group() as group:
             read = marked_call(client, READ_STDIN, both.attacker, timeout=150, within=200)
-            group.start_soon(read, "reading", reading, reply)
+
+            async def attack() -> None:
+                try:
+                    await read("reading", reading, reply)
+                finally:
+                    reading.set()  # a call that ends before it reads is said below, not waited for
+
+            group.start_soon(attack)
             with anyio.fail_after(60):
                 await reading.wait()
+            assert not reply, f"the attacker's call ended before it read: {reply[0].summary()}"
             # Each line is the attacker's about half the time: the first it reaches it tears, and
             # the victim's call whose line that was times out, its sandbox given up.
             for attempt in range(12):
