@@ -8,13 +8,14 @@ import json
 import logging
 import os
 import re
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
 import anyio.abc
 import pytest
 
-from mcp_sandbox.backends.base import ExecutorHooks
+from mcp_sandbox.backends.base import Executor, ExecutorHooks
 from mcp_sandbox.backends.pyodide import RUNNER_DIR as RUNNER
 from mcp_sandbox.backends.pyodide import PyodideBackend
 from mcp_sandbox.backends.registry import prepare_backend
@@ -69,10 +70,8 @@ def ready_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [record.getMessage() for record in caplog.records if " ready in " in record.getMessage()]
 
 
-async def test_every_sandbox_starts_from_the_code_cache_made_with_the_snapshot(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
+async def in_a_first_and_a_later_worker(check: Callable[[Executor], Awaitable[None]]) -> None:
+    """`check` on a process's first sandbox, then on a later worker of the same process."""
     async with anyio.create_task_group() as task_group:
         backend = await prepare_backend(TWO_PER_PROCESS, ExecutorHooks(tools=None), task_group)
         first = await backend.start()
@@ -80,11 +79,22 @@ async def test_every_sandbox_starts_from_the_code_cache_made_with_the_snapshot(
         try:
             assert first.pid == later.pid  # type: ignore[attr-defined]
             for executor in (first, later):
-                assert (await executor.run("6 * 7", 60)).result == "42"
+                await check(executor)
         finally:
             for executor in (first, later):
                 await executor.close()
             task_group.cancel_scope.cancel()
+
+
+async def test_every_sandbox_starts_from_the_code_cache_made_with_the_snapshot(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
+
+    async def computes(executor: Executor) -> None:
+        assert (await executor.run("6 * 7", 60)).result == "42"
+
+    await in_a_first_and_a_later_worker(computes)
     said = ready_lines(caplog)
     assert len(said) == 2 and all(", code cache used" in line for line in said), said
 
@@ -103,24 +113,16 @@ except Exception as error:
 
 
 async def test_pyodides_script_gets_the_node_built_ins_it_asks_for_in_every_worker() -> None:
-    async with anyio.create_task_group() as task_group:
-        backend = await prepare_backend(TWO_PER_PROCESS, ExecutorHooks(tools=None), task_group)
-        first = await backend.start()
-        later = await backend.start()
-        try:
-            assert first.pid == later.pid  # type: ignore[attr-defined]
-            for executor in (first, later):
-                result = await executor.run(BUILT_INS, 60)
-                assert result.success, result
-                # The runner's standard streams are pipes: none is a terminal.
-                assert result.stdout.splitlines() == [
-                    "False False False 8 True",
-                    "TypeError: Cannot find module 'no-such-module-xyz'",
-                ], result.stdout
-        finally:
-            for executor in (first, later):
-                await executor.close()
-            task_group.cancel_scope.cancel()
+    async def reaches_them(executor: Executor) -> None:
+        result = await executor.run(BUILT_INS, 60)
+        assert result.success, result
+        # The runner's standard streams are pipes: none is a terminal.
+        assert result.stdout.splitlines() == [
+            "False False False 8 True",
+            "TypeError: Cannot find module 'no-such-module-xyz'",
+        ], result.stdout
+
+    await in_a_first_and_a_later_worker(reaches_them)
 
 
 async def test_a_damaged_code_cache_is_not_used_and_the_sandbox_starts_without_it(
