@@ -2,11 +2,14 @@
 // through node:vm, so that a worker can start from V8's code cache of it (made with the memory
 // snapshot, snapshot.ts): Deno's own code cache does not serve this file, and compiling it, then
 // each of its functions as Pyodide started, took about 80 ms of every start.
+import { dirname } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import vm from "node:vm";
 import { SCRIPT_URL } from "./rewrites.ts";
 
-// Pyodide's folder, where its runtime files are.
-export const PYODIDE_DIR = decodeURIComponent(new URL(".", SCRIPT_URL).pathname);
+// The script's file, decoded (a cache folder's name may hold a space), and Pyodide's folder.
+const SCRIPT_FILE = fileURLToPath(SCRIPT_URL);
+export const PYODIDE_DIR = `${dirname(SCRIPT_FILE)}/`;
 
 // The Node built-ins the script asks for as it starts, by each name it uses. Node's module loader
 // (node:module) costs a worker 2-3 ms to load: it serves only what else is asked, when asked.
@@ -24,8 +27,7 @@ export type PyodideScript = {
 // Defines Pyodide's module factory (`_createPyodideModule`), which loadPyodide then uses instead of
 // loading the script itself.
 export async function runPyodideScript(source: string, codeCache?: Uint8Array): Promise<PyodideScript> {
-  const file = decodeURIComponent(new URL(SCRIPT_URL).pathname);
-  const require = await scriptRequire(file);
+  const require = await scriptRequire(SCRIPT_FILE);
   // The wrapper is CommonJS's, on the script's first line: its `require` and `__dirname` are the
   // ones the script reads when it runs in Node (as Pyodide's loader runs it here).
   const wrapped = `(function (exports, require, module, __filename, __dirname) {${source}\n})`;
@@ -43,14 +45,12 @@ export async function runPyodideScript(source: string, codeCache?: Uint8Array): 
       } catch {
         throw new TypeError(`Cannot find module '${specifier}'`);
       }
-      const url = new URL("file:///");
-      url.pathname = resolved.replaceAll("%", "%25");
-      return import(url.href);
+      return import(pathToFileURL(resolved).href);
     }) as never,
   });
   const run = script.runInThisContext() as (...args: unknown[]) => void;
   const module = { exports: {} };
-  run.call(module.exports, module.exports, require, module, file, PYODIDE_DIR.replace(/\/$/, ""));
+  run.call(module.exports, module.exports, require, module, SCRIPT_FILE, dirname(SCRIPT_FILE));
   return {
     codeCache: () => script.createCachedData(),
     cacheRejected: codeCache !== undefined && script.cachedDataRejected === true,
