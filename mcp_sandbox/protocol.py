@@ -709,8 +709,6 @@ class WorkerInit(TypedDict):
     #: Pyodide's compiled WebAssembly, from the first worker (WorkerModule): a replacement
     #: instantiates it instead of compiling the binary again.
     module: NotRequired[WasmModule]
-    #: calloc's slot in the function table, as the first worker found it (WorkerModule).
-    callocSlot: NotRequired[int]
     #: The process's clean memory, shared: a worker whose clean point has the same fingerprint and
     #: whose memory differs from it in a few pages only (its start's timestamps) adopts it.
     clean: NotRequired[WorkerCleanMemory]
@@ -806,8 +804,6 @@ class WorkerModule(TypedDict):
     the main thread to start a replacement worker from."""
 
     module: WasmModule
-    #: Where calloc is in the function table of an instance of ``module``, for the next to check.
-    callocSlot: int
 
 
 class WorkerWarmedUp(TypedDict):

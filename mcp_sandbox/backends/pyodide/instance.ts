@@ -8,6 +8,7 @@ import { fileURLToPath } from "node:url";
 import { hookCalloc, type Imports, type Instance, restoreCalloc } from "./linker.ts";
 import { SIGNAL_KILL, type SnapshotPages } from "./protocol.ts";
 import { copySparsely, hostSetTimeout, readSparsely, watchFinalizers, watchSuspensions } from "./recycle.ts";
+import { EXPORTS_RELOCATED } from "./rewrites.ts";
 
 type Done = (instance: Instance, module: WebAssembly.Module) => void;
 type Settings = {
@@ -78,10 +79,8 @@ export type InstanceOptions = {
   exited: (status: number) => void;
   // A module compiled before (by this process's first worker): instantiated instead of the binary.
   module?: WebAssembly.Module;
-  // calloc's table slot in an instance of `module` (linker.ts, hookCalloc).
-  callocSlot?: number;
-  // Called with the compiled module, and calloc's table slot, once it is instantiated.
-  compiled: (module: WebAssembly.Module, callocSlot: number) => void;
+  // Called with the compiled module once it is instantiated.
+  compiled: (module: WebAssembly.Module) => void;
   // The memory snapshot Pyodide is given, when it starts from one.
   snapshot?: Snapshot;
 };
@@ -148,10 +147,20 @@ export function hookInstance(options: InstanceOptions): Hooked {
           const table = (imports as unknown as Record<string, Record<string, unknown> | undefined>)[name];
           if (table && "proc_exit" in table) table.proc_exit = exit;
         }
+        // The rewritten runtime script calls this as it links the instance (`done`).
+        let linked = false;
+        Object.defineProperty(settings, EXPORTS_RELOCATED, {
+          configurable: true,
+          value: (exports: Record<string, unknown>) => {
+            hookCalloc(imports, exports);
+            linked = true;
+          },
+        });
         const made: Done = (instance, module) => {
-          const hooked = hookCalloc(imports, instance, options.callocSlot);
-          options.compiled(module, hooked.slot);
-          done(hooked.instance, module);
+          options.compiled(module);
+          done(instance, module);
+          delete (settings as Record<string, unknown>)[EXPORTS_RELOCATED];
+          if (!linked) throw new Error("Pyodide linked its runtime without the sandbox's calloc hook (rewrites.ts)");
           restoreCalloc(imports, instance);
         };
         if (options.module) unhooked = instantiateCompiled(options.module, imports, made);

@@ -56,32 +56,22 @@ let replaying: Allocation[] | null = null;
 let replayProblem: string | null = null;
 
 export type Instance = { exports: Record<string, unknown> };
-export type Imports = { env: Record<string, unknown>; "GOT.func": Record<string, WebAssembly.Global> };
+export type Imports = { env: Record<string, unknown> };
 type Calloc = (count: number, size: number) => number;
 
-// The instance the runtime's JavaScript is given, made just after Pyodide's WebAssembly is
-// instantiated (instance.ts): its JavaScript side calls calloc through the hook. `slot`: calloc's
-// table slot where a worker of the same module found it, checked, else looked for (2 ms).
-export function hookCalloc(imports: Imports, instance: Instance, slot?: number): { instance: Instance; slot: number } {
-  const calloc = instance.exports.calloc as Calloc;
+// Called with the main module's exports as the runtime's JavaScript relocated them (a copy of
+// its own, rewrites.ts), before it links them, as Pyodide's WebAssembly is instantiated
+// (instance.ts): its JavaScript side calls calloc through the hook. Everything else keeps the real
+// calloc: its GOT entry, given by the relocation, holds the real one's table slot (so the function
+// table, and a memory snapshot, are laid out as without the hook), and its symbol is put back
+// once the instance is linked (`restoreCalloc`).
+export function hookCalloc(imports: Imports, exports: Record<string, unknown>): void {
   table = imports.env.__indirect_function_table as WebAssembly.Table;
-  // Everything but the runtime's JavaScript keeps the real calloc, in the same table slot as
-  // without the hook (so the function table, and a memory snapshot, are laid out the same): its
-  // GOT entry is set before the runtime would add one, and its symbol after (`restoreCalloc`).
-  const found = slot !== undefined && slot > 0 && slot < table.length && table.get(slot) === calloc
-    ? slot
-    : slotOf(calloc);
-  imports["GOT.func"].calloc.value = found;
-  return { instance: { exports: { ...instance.exports, calloc: hooked(calloc) } }, slot: found };
+  exports.calloc = hooked(exports.calloc as Calloc);
 }
 
 export function restoreCalloc(imports: Imports, instance: Instance): void {
   imports.env.calloc = instance.exports.calloc;
-}
-
-function slotOf(fn: unknown): number {
-  for (let slot = 1; slot < table!.length; slot++) if (table!.get(slot) === fn) return slot;
-  throw new Error("calloc is not in the function table");
 }
 
 function hooked(calloc: Calloc): Calloc {

@@ -264,7 +264,6 @@ export type WorkerInit = {
   preload?: string[];
   memoryMaxBytes?: number;
   module?: WebAssembly.Module;
-  callocSlot?: number;
   clean?: WorkerCleanMemory;
   script: string;
   codeCache?: Uint8Array;
@@ -331,7 +330,6 @@ export type WorkerRecycledCrash = {
 
 export type WorkerModule = {
   module: WebAssembly.Module;
-  callocSlot: number;
 };
 
 export type WorkerWarmedUp = {

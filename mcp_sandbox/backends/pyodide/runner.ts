@@ -344,7 +344,7 @@ class Sandbox {
     ) => {
       if (port !== this.control) return; // a replaced worker's port
       if ("module" in event.data) {
-        compiled ??= { module: event.data.module, callocSlot: event.data.callocSlot };
+        compiled ??= { module: event.data.module };
         moduleSettled();
         return;
       }

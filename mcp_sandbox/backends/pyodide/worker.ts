@@ -470,9 +470,8 @@ async function init(message: WorkerInit): Promise<void> {
         state.exitStatus ??= status;
       },
       module: message.module as WebAssembly.Module | undefined,
-      ...(message.callocSlot !== undefined ? { callocSlot: message.callocSlot } : {}),
-      compiled: (module, callocSlot) => {
-        if (!message.module) answer({ module, callocSlot } satisfies WorkerModule);
+      compiled: (module) => {
+        if (!message.module) answer({ module } satisfies WorkerModule);
       },
       ...(opened ? { snapshot: opened.snapshot } : {}),
     });
