@@ -273,6 +273,18 @@ async def test_data_changed_by_a_program_is_sent_again(client: Client, pool: Poo
             "_rt_js.addEventListener('message', create_proxy(lambda event: None))",
         ),
         ("a grown memory", "blob = bytearray(200 * 1024 * 1024)\nlen(blob)"),
+        # Each way the realm's own check (past the built-ins') finds a change, on a built-in's own
+        # function, which the built-ins' check does not list.
+        ("a property added to a nested object", "_rt_js.eval('Math.max.rtPlanted = 1')"),
+        ("a property changed", '_rt_js.eval(\'Object.defineProperty(Math.max, "name", { value: "x" })\')'),
+        ("a property deleted", "_rt_js.eval('delete Math.max.name')"),
+        (
+            "a property deleted and added again as it was",
+            '_rt_js.eval(\'const d = Object.getOwnPropertyDescriptor(Math.max, "length");'
+            ' delete Math.max.length; Object.defineProperty(Math.max, "length", d)\')',
+        ),
+        ("a prototype changed", "_rt_js.eval('Object.setPrototypeOf(Math.max, null)')"),
+        ("an object made non-extensible", "_rt_js.eval('Object.preventExtensions(Math.max)')"),
     ],
 )
 async def test_what_reaches_past_the_checks_gets_a_new_sandbox(

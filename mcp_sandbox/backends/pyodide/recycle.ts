@@ -79,6 +79,7 @@ export function copyInto(target: Uint8Array, source: Uint8Array, offset = 0): vo
 const ownKeys = Reflect.ownKeys;
 const describe = Reflect.getOwnPropertyDescriptor;
 const prototypeOf = Reflect.getPrototypeOf;
+const isExtensible = Reflect.isExtensible;
 const hasOwn = Object.hasOwn;
 const same = Object.is;
 
@@ -287,8 +288,60 @@ function handlerGetter(name: string): (() => unknown) | undefined {
 }
 
 // One walk of the realm: every object reachable from the roots by own properties and
-// prototypes, with what each property holds. Typed arrays and buffers are data, not code.
-type Shape = { proto: object | null; extensible: boolean; props: Map<PropertyKey, unknown[]> };
+// prototypes, with what each property holds. Typed arrays and buffers are data, not code. Kept
+// in flat arrays, by index: a map for each of ~2,100 objects and an array for each of ~6,200
+// properties made most of a new sandbox's clean point.
+class RealmWalk {
+  readonly objects: object[] = [];
+  readonly prototypes: (object | null)[] = [];
+  readonly extensible: boolean[] = [];
+  // objects[i]'s keys are keys[firstKey[i]] up to keys[firstKey[i + 1]], as ownKeys listed them.
+  readonly firstKey: number[] = [0];
+  readonly keys: PropertyKey[] = [];
+  readonly values: unknown[] = [];
+  readonly getters: unknown[] = [];
+  readonly setters: unknown[] = [];
+  // writable (0 for an accessor, 1 true, 2 false) | configurable 4 | enumerable 8
+  readonly flags: number[] = [];
+
+  constructor(roots: unknown[]) {
+    const seen = new Set<object>();
+    const stack: unknown[] = [...roots];
+    while (stack.length) {
+      const value = stack.pop();
+      if (value === null || (typeof value !== "object" && typeof value !== "function")) continue;
+      const object = value as object;
+      if (seen.has(object)) continue;
+      seen.add(object);
+      if (opaque(object)) continue;
+      // An object that throws part-way (a revoked proxy) keeps what was read of it.
+      this.objects.push(object);
+      this.prototypes.push(null);
+      this.extensible.push(true);
+      try {
+        const prototype = prototypeOf(object);
+        this.prototypes[this.prototypes.length - 1] = prototype;
+        this.extensible[this.extensible.length - 1] = isExtensible(object);
+        for (const key of ownKeys(object)) {
+          const d = describe(object, key);
+          if (!d) continue;
+          this.keys.push(key);
+          this.values.push(d.value);
+          this.getters.push(d.get);
+          this.setters.push(d.set);
+          this.flags.push(descriptorFlags(d));
+          stack.push(d.value, d.get, d.set);
+        }
+        stack.push(prototype);
+      } catch { /* nothing more to compare */ }
+      this.firstKey.push(this.keys.length);
+    }
+  }
+}
+
+function descriptorFlags(d: PropertyDescriptor): number {
+  return (d.writable === undefined ? 0 : d.writable ? 1 : 2) | (d.configurable ? 4 : 0) | (d.enumerable ? 8 : 0);
+}
 
 // Not walked: a PyProxy's properties are its Python object's, which the memory copy restores
 // (and listing them would run Python code); Pyodide's internals are out of programs' reach
@@ -299,34 +352,6 @@ const internals = new Set<object>();
 function opaque(object: object): boolean {
   return ArrayBuffer.isView(object) || object instanceof ArrayBuffer || object instanceof SharedArrayBuffer ||
     internals.has(object) || isPyProxy(object);
-}
-
-function walk(roots: unknown[]): Map<object, Shape> {
-  const seen = new Map<object, Shape>();
-  const stack: unknown[] = [...roots];
-  while (stack.length) {
-    const value = stack.pop();
-    if (value === null || (typeof value !== "object" && typeof value !== "function")) continue;
-    const object = value as object;
-    if (seen.has(object)) continue;
-    const shape: Shape = { proto: null, extensible: true, props: new Map() };
-    seen.set(object, shape);
-    if (opaque(object)) continue;
-    try {
-      shape.proto = Reflect.getPrototypeOf(object);
-      shape.extensible = Reflect.isExtensible(object);
-      for (const key of Reflect.ownKeys(object)) {
-        const d = Reflect.getOwnPropertyDescriptor(object, key);
-        if (!d) continue;
-        shape.props.set(key, [d.value, d.get, d.set, d.writable, d.configurable, d.enumerable]);
-        stack.push(d.value, d.get, d.set);
-      }
-    } catch {
-      continue; // a revoked proxy, say: nothing to compare
-    }
-    stack.push(shape.proto);
-  }
-  return seen;
 }
 
 function describeKey(object: object, key: PropertyKey): string {
@@ -342,27 +367,37 @@ function describeKey(object: object, key: PropertyKey): string {
 }
 
 // The first difference between the clean walk and now, or null.
-function realmChange(clean: Map<object, Shape>): string | null {
-  for (const [object, shape] of clean) {
+function realmChange(clean: RealmWalk): string | null {
+  const { objects, prototypes, extensible, firstKey, keys, values, getters, setters, flags } = clean;
+  for (let i = 0; i < objects.length; i++) {
+    const object = objects[i];
     if (opaque(object)) continue;
-    let keys: PropertyKey[];
+    let now: PropertyKey[];
     try {
-      if (Reflect.getPrototypeOf(object) !== shape.proto) return "an object's prototype was changed";
-      if (Reflect.isExtensible(object) !== shape.extensible) return "an object was frozen or sealed";
-      keys = Reflect.ownKeys(object);
+      if (prototypeOf(object) !== prototypes[i]) return "an object's prototype was changed";
+      if (isExtensible(object) !== extensible[i]) return "an object was frozen or sealed";
+      now = ownKeys(object);
     } catch {
       continue;
     }
-    if (keys.length !== shape.props.size) {
-      const added = keys.find((key) => !shape.props.has(key));
+    const first = firstKey[i];
+    const count = firstKey[i + 1] - first;
+    if (now.length !== count) {
+      const before = new Set(keys.slice(first, first + count));
+      const added = now.find((key) => !before.has(key));
       return added === undefined ? "a property was deleted" : `a property was added (${describeKey(object, added)})`;
     }
-    for (const key of keys) {
-      const before = shape.props.get(key);
-      const d = Reflect.getOwnPropertyDescriptor(object, key);
-      if (!before || !d) return `a property was replaced (${describeKey(object, key)})`;
-      const now = [d.value, d.get, d.set, d.writable, d.configurable, d.enumerable];
-      if (now.some((part, i) => !Object.is(part, before[i]))) {
+    for (let j = 0; j < count; j++) {
+      const key = now[j];
+      const k = first + j;
+      // Another key here: one was replaced, or deleted and added again (the order is the next
+      // caller's to see).
+      const d = keys[k] === key ? describe(object, key) : undefined;
+      if (!d) return `a property was replaced (${describeKey(object, key)})`;
+      if (
+        !same(d.value, values[k]) || !same(d.get, getters[k]) || !same(d.set, setters[k]) ||
+        descriptorFlags(d) !== flags[k]
+      ) {
         return `a property was changed (${describeKey(object, key)})`;
       }
     }
@@ -560,7 +595,7 @@ export class CleanState {
   readonly libraries: number;
   // The dynamic linker's own state (linker.ts): native libraries loaded since are carried and reset.
   readonly linker: LinkerClean;
-  private readonly realm: Map<object, Shape>;
+  private readonly realm: RealmWalk;
   private readonly builtIns: BuiltIns;
   readonly files: Map<string, NodeRecord>;
   // Not restored with the rest of the tree: data/ has its own check, /proc and /dev are devices.
@@ -612,7 +647,7 @@ export class CleanState {
     const pyProxyTest = (PyProxy as unknown as Record<symbol, (value: unknown) => boolean>)[Symbol.hasInstance];
     isPyProxy = (value) => apply(pyProxyTest, PyProxy, [value]);
     this.builtIns = new BuiltIns();
-    this.realm = walk([globalThis, ...realmRoots, ...this.table]);
+    this.realm = new RealmWalk([globalThis, ...realmRoots, ...this.table]);
     this.shape = {
       memory: module.HEAP8.buffer.byteLength,
       stackPointer: this.stackPointer,
