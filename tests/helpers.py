@@ -26,6 +26,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from mcp_sandbox.app import App
 from mcp_sandbox.backends.base import Backend
+from mcp_sandbox.backends.pyodide import RUNNER_DIR, find_deno
 from mcp_sandbox.server import build_server
 from mcp_sandbox.settings import Settings
 
@@ -99,6 +100,24 @@ def state_file(state_dir: Path, session_id: str) -> Path:
 def needs_pyodide(backend: str, why: str) -> None:
     if backend != "pyodide":
         pytest.skip(f"pyodide only: {why}")
+
+
+def runner_deno(*args: str) -> subprocess.CompletedProcess[str]:
+    """`deno ARGS` with the runner's configuration and the server's Deno cache, as the runner
+    runs; skips, saying why, when Deno or Pyodide is not there yet."""
+    settings = Settings()
+    deno = find_deno(settings)
+    deno_dir = settings.cache_dir / "deno"
+    if deno is None or not any(deno_dir.glob("npm/*/pyodide")):
+        pytest.skip("needs Deno and Pyodide in the cache (any test on the pyodide backend fetches them)")
+    return subprocess.run(
+        [str(deno), args[0], "--quiet", "--config", str(RUNNER_DIR / "deno.json"), *args[1:]],
+        env={**os.environ, "DENO_DIR": str(deno_dir), "NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def needs_isolation(backend: str, why: str) -> None:

@@ -3,16 +3,12 @@ type-checked against it, and the host refuses any message the protocol does not 
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
-import pytest
-
 from mcp_sandbox.backends.channel import Malformed, parse
-from mcp_sandbox.backends.pyodide import RUNNER_DIR, find_deno
+from mcp_sandbox.backends.pyodide import RUNNER_DIR
 from mcp_sandbox.backends.pyodide.typescript import TARGET, render
-from mcp_sandbox.settings import Settings
+from tests.helpers import runner_deno
 
 
 def test_protocol_ts_is_generated_from_protocol_py() -> None:
@@ -31,19 +27,8 @@ def test_the_generated_file_carries_every_message_and_shared_constant() -> None:
 
 def test_the_runner_type_checks_against_the_generated_protocol() -> None:
     """`deno check`: a field the runner reads or sends that protocol.py lacks fails here."""
-    settings = Settings()
-    deno = find_deno(settings)
-    deno_dir = settings.cache_dir / "deno"
-    if deno is None or not any(deno_dir.glob("npm/*/pyodide")):
-        pytest.skip("needs Deno and Pyodide in the cache (any test on the pyodide backend fetches them)")
-    files = [str(RUNNER_DIR / name) for name in ("runner.ts", "worker.ts", "snapshot.ts")]
-    done = subprocess.run(
-        [str(deno), "check", "--quiet", "--config", str(RUNNER_DIR / "deno.json"), *files],
-        env={**os.environ, "DENO_DIR": str(deno_dir), "NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = runner_deno(
+        "check", *(str(RUNNER_DIR / name) for name in ("runner.ts", "worker.ts", "snapshot.ts"))
     )
     assert done.returncode == 0, done.stdout + done.stderr
 

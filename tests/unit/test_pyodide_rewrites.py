@@ -5,13 +5,9 @@ the linker unhooked."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
-import pytest
-
-from mcp_sandbox.backends.pyodide import RUNNER_DIR, find_deno
-from mcp_sandbox.settings import Settings
+from mcp_sandbox.backends.pyodide import RUNNER_DIR
+from tests.helpers import runner_deno
 
 # Prints what `body` (TypeScript, with the script's text as `source`) makes of Pyodide's script.
 PRELUDE = f"""
@@ -22,19 +18,7 @@ const print = (value: unknown) => console.log(JSON.stringify(value));
 
 
 def run_deno(body: str) -> object:
-    settings = Settings()
-    deno = find_deno(settings)
-    deno_dir = settings.cache_dir / "deno"
-    if deno is None or not any(deno_dir.glob("npm/*/pyodide")):
-        pytest.skip("needs Deno and Pyodide in the cache (any test on the pyodide backend fetches them)")
-    done = subprocess.run(
-        [str(deno), "eval", "--quiet", "--config", str(RUNNER_DIR / "deno.json"), PRELUDE + body],
-        env={**os.environ, "DENO_DIR": str(deno_dir), "NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = runner_deno("eval", PRELUDE + body)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout)
 
