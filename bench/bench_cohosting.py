@@ -40,6 +40,9 @@ at most 30 s.
    process" samples. Each sandbox runs one call, and the process is idle for 2 s before each
    timed start.
 
+The header gives a yardstick, a fixed pure-Python loop timed at the run's start and end: runs made
+hours apart on one machine differ with its speed, and so does row 7.
+
 Meant to take under 10 minutes on a quiet 2-core machine. --quick shrinks every count, for a smoke
 test only (its numbers mean nothing).
 Writes bench/results/cohosting.json (every raw sample, and the servers' warnings).
@@ -600,6 +603,9 @@ def table(results: dict[str, Any]) -> str:
         f"mcp-sandbox co-hosting — {results['date']}, {results['cpu_count']} cores, "
         f"Pyodide {results['pyodide']}"
         + (" (--quick: a smoke test, not a measurement)" if results["quick"] else ""),
+        "yardstick (a fixed Python loop, the machine's speed): "
+        + " ms at the start, ".join(f"{ms:g}" for ms in results["yardstick_ms"])
+        + " ms at the end",
     ]
     columns = {name: f"{name}: {per} per process" for name, per in LAYOUTS.items()}
     width = max(len(label) for label, _, _ in rows(counts))
@@ -632,9 +638,21 @@ def table(results: dict[str, Any]) -> str:
 # --- the run ------------------------------------------------------------------------------------
 
 
+def yardstick_ms() -> float:
+    """A fixed pure-Python loop, p50 of 5: the machine's own speed, timed at a run's start and end,
+    to compare runs made at other hours (one day's runs moved by 10-30% with it)."""
+    samples = []
+    for _ in range(5):
+        began = time.perf_counter()
+        sum(i * i % 7 for i in range(1_000_000))
+        samples.append((time.perf_counter() - began) * 1000)
+    return round(statistics.median(samples), 1)
+
+
 async def measure(counts: Counts, quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "yardstick_ms": [yardstick_ms()],
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -662,6 +680,7 @@ async def measure(counts: Counts, quick: bool) -> dict[str, Any]:
                 layout["server_warnings"][phase] = warnings_in(log)
                 layout.setdefault("phase_s", {})[phase] = round(time.perf_counter() - began, 1)
                 layout |= row
+    results["yardstick_ms"].append(yardstick_ms())
     return results
 
 
