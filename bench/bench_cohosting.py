@@ -40,8 +40,8 @@ at most 30 s.
    process" samples. Each sandbox runs one call, and the process is idle for 2 s before each
    timed start.
 
-The header gives a yardstick, a fixed pure-Python loop timed at the run's start and end: runs made
-hours apart on one machine differ with its speed, and so does row 7.
+The header gives a yardstick, timed at the run's start and end: a fixed pure-Python loop, and 64 MB
+of new memory touched page by page. Runs made hours apart on one machine differ with its speed.
 
 Meant to take under 10 minutes on a quiet 2-core machine. --quick shrinks every count, for a smoke
 test only (its numbers mean nothing).
@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import mmap
 import os
 import platform
 import statistics
@@ -603,8 +604,8 @@ def table(results: dict[str, Any]) -> str:
         f"mcp-sandbox co-hosting — {results['date']}, {results['cpu_count']} cores, "
         f"Pyodide {results['pyodide']}"
         + (" (--quick: a smoke test, not a measurement)" if results["quick"] else ""),
-        "yardstick (a fixed Python loop, the machine's speed): "
-        + " ms at the start, ".join(f"{ms:g}" for ms in results["yardstick_ms"])
+        "yardstick, the machine's speed (a fixed Python loop / 64 MB of new pages touched): "
+        + " ms at the start, ".join(f"{loop:g} / {pages:g}" for loop, pages in results["yardstick_ms"])
         + " ms at the end",
     ]
     columns = {name: f"{name}: {per} per process" for name, per in LAYOUTS.items()}
@@ -638,15 +639,22 @@ def table(results: dict[str, Any]) -> str:
 # --- the run ------------------------------------------------------------------------------------
 
 
-def yardstick_ms() -> float:
-    """A fixed pure-Python loop, p50 of 5: the machine's own speed, timed at a run's start and end,
-    to compare runs made at other hours (one day's runs moved by 10-30% with it)."""
-    samples = []
+def yardstick_ms() -> list[float]:
+    """The machine's own speed, timed at a run's start and end, to compare runs made at other hours
+    (one day's runs moved by 10-30% in rows nothing had changed): p50 of 5 of a fixed pure-Python
+    loop, and of touching each page of 64 MB of new memory, as a sandbox's start does with its
+    WebAssembly memory (16,384 page faults)."""
+    loop, pages = [], []
     for _ in range(5):
         began = time.perf_counter()
         sum(i * i % 7 for i in range(1_000_000))
-        samples.append((time.perf_counter() - began) * 1000)
-    return round(statistics.median(samples), 1)
+        loop.append((time.perf_counter() - began) * 1000)
+        began = time.perf_counter()
+        with mmap.mmap(-1, 64 << 20) as memory:
+            for at in range(0, 64 << 20, mmap.PAGESIZE):
+                memory[at] = 1
+        pages.append((time.perf_counter() - began) * 1000)
+    return [round(statistics.median(loop), 1), round(statistics.median(pages), 1)]
 
 
 async def measure(counts: Counts, quick: bool) -> dict[str, Any]:
