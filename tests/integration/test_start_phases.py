@@ -10,12 +10,13 @@ import os
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
 
-from mcp_sandbox.backends.base import Executor, ExecutorHooks
+from mcp_sandbox.backends.base import Executor, ExecutorHooks, SandboxStartError
 from mcp_sandbox.backends.pyodide import RUNNER_DIR as RUNNER
 from mcp_sandbox.backends.pyodide import PyodideBackend
 from mcp_sandbox.backends.registry import prepare_backend
@@ -194,9 +195,10 @@ async def test_without_a_snapshot_a_sandbox_loads_the_guest_runtime_its_init_car
 
 
 async def test_each_rewrite_of_pyodides_runtime_script_finds_its_text_once() -> None:
-    """rewrites.ts rewrites parts of the pinned Pyodide's linker (two loops, and the GOT entries
-    made when asked for); a Pyodide whose script lacks their text would start without them, slower,
-    and say nothing: this says it."""
+    """rewrites.ts rewrites parts of the pinned Pyodide's linker (loops, the GOT entries made when
+    asked for, copies of its exports, and where calloc is hooked); a Pyodide whose script lacks the
+    text of one would start without it, slower, and say nothing: this says it. Without the text of
+    the one the sandbox depends on (calloc's hook), the script is refused, saying why."""
     settings = Settings(backend="pyodide", default_packages="", pyodide_tier_up=False)
     async with anyio.create_task_group() as task_group:
         backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
@@ -214,8 +216,40 @@ async def test_each_rewrite_of_pyodides_runtime_script_finds_its_text_once() -> 
         str(script),
     ]
     done = await anyio.run_process(command, env={**os.environ, "DENO_DIR": str(settings.cache_dir / "deno")})
-    counts: dict[str, list[int]] = json.loads(done.stdout)
-    assert len(counts) >= 2 and all(found and found == [1] * len(found) for found in counts.values()), counts
+    made: dict[str, dict[str, Any]] = json.loads(done.stdout)
+    assert len(made) >= 4, made
+    for why, rewrite in made.items():
+        assert rewrite["found"] and rewrite["found"] == [1] * len(rewrite["found"]), (why, rewrite)
+        expected = (
+            f"refused: this Pyodide's runtime script does not fit: {why}"
+            if rewrite["required"]
+            else f"made, leaving out {json.dumps([why])}"
+        )
+        assert rewrite["without"] == expected, (why, rewrite)
+    assert [why for why, rewrite in made.items() if rewrite["required"]] == [
+        "calloc hooked in the relocated exports"
+    ]
+
+
+async def test_a_pyodide_without_the_point_where_calloc_is_hooked_is_refused_saying_why(
+    tmp_path: Path,
+) -> None:
+    """A runtime script that the rewrite the sandbox depends on does not fit (another Pyodide) is
+    refused by the runner, and the start fails saying why, rather than the runner dying unheard."""
+    settings = await pyodide_in_own_cache(
+        tmp_path / "cache", Settings(backend="pyodide", default_packages="", pyodide_tier_up=False)
+    )
+    script = next((settings.cache_dir / "deno" / "npm").glob("*/pyodide/*/pyodide.asm.js"))
+    text = script.read_text()
+    script.write_text(
+        text.replace('mergeLibSymbols(wasmExports,"main");', "mergeLibSymbols(wasmExports,'main');")
+    )
+    async with anyio.create_task_group() as task_group:
+        backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
+        with pytest.raises(SandboxStartError) as refused:
+            await backend.start()
+        task_group.cancel_scope.cancel()
+    assert "does not fit: calloc hooked in the relocated exports" in str(refused.value), refused.value
 
 
 async def test_a_later_sandbox_reads_only_the_snapshots_pages_after_the_file_is_marked_used(

@@ -90,8 +90,9 @@ let warmedUp = false;
 // V8's code cache of Pyodide's runtime script (InitMessage.code_cache), read and checked once for
 // every worker: "damaged" when it is not what the host made (V8 would not notice).
 let codeCacheRead: Uint8Array | "damaged" | null | undefined;
-// Pyodide's runtime script as every worker runs it (script.ts), made once.
-let script: string | undefined;
+// Pyodide's runtime script as every worker runs it (script.ts), made once; or why it cannot be (a
+// Pyodide that a rewrite the sandbox depends on does not fit, rewrites.ts).
+let script: string | Error | undefined;
 const sandboxes = new Map<number, Sandbox>();
 // Sandboxes asked for while the first worker compiles: started once it hands its module over (or
 // fails), so no two compile it.
@@ -109,6 +110,15 @@ function codeCache(message: InitMessage): Pick<WorkerInit, "codeCache" | "codeCa
   }
   if (codeCacheRead === "damaged") return { codeCacheDamaged: true };
   return codeCacheRead ? { codeCache: codeCacheRead } : {};
+}
+
+function runtimeScript(): string | Error {
+  try {
+    script ??= pyodideScript();
+  } catch (error) {
+    script = error instanceof Error ? error : new Error(String(error));
+  }
+  return script;
 }
 
 function moduleSettled(): void {
@@ -376,7 +386,7 @@ class Sandbox {
       ...(message.snapshot ? { snapshot: message.snapshot } : {}),
       ...(message.preload ? { preload: message.preload } : {}),
       ...(clean ? { clean } : {}),
-      script: script ??= pyodideScript(),
+      script: runtimeScript() as string, // handle() refuses the sandbox otherwise
       ...codeCache(message),
     };
     this.ranSinceStart = false;
@@ -519,6 +529,13 @@ class Sandbox {
 function handle({ sandbox, msg }: HostEnvelope): void {
   if (msg.type === "init") {
     if (sandboxes.has(sandbox) || waiting.has(sandbox)) return;
+    const made = runtimeScript();
+    if (made instanceof Error) {
+      const message = `Pyodide failed to load: ${made.message}`;
+      send(sandbox, JSON.stringify({ type: "fatal", message } satisfies RunnerMessage));
+      send(sandbox, JSON.stringify({ type: "ended", message } satisfies RunnerMessage));
+      return;
+    }
     if (compiled === null && sandboxes.size > 0) waiting.set(sandbox, msg);
     else sandboxes.set(sandbox, new Sandbox(sandbox, msg));
     return;
