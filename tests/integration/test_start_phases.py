@@ -17,11 +17,10 @@ import anyio.abc
 import pytest
 
 from mcp_sandbox.backends.base import Executor, ExecutorHooks, SandboxStartError
-from mcp_sandbox.backends.pyodide import RUNNER_DIR as RUNNER
 from mcp_sandbox.backends.pyodide import PyodideBackend
 from mcp_sandbox.backends.registry import prepare_backend
 from mcp_sandbox.settings import Settings
-from tests.helpers import computes_once, pyodide_in_own_cache
+from tests.helpers import computes_once, pyodide_in_own_cache, runner_deno
 
 pytestmark = pytest.mark.anyio
 
@@ -205,17 +204,9 @@ async def test_each_rewrite_of_pyodides_runtime_script_finds_its_text_once() -> 
         task_group.cancel_scope.cancel()
     assert isinstance(backend, PyodideBackend)
     script = backend._pyodide_dir / "pyodide.asm.js"  # type: ignore[operator]
-    command = [
-        str(backend._deno),
-        "run",
-        "--cached-only",
-        "--config",
-        str(RUNNER / "deno.json"),
-        f"--allow-read={REPO},{script}",
-        str(Path(__file__).with_name("script_rewrites.ts")),
-        str(script),
-    ]
-    done = await anyio.run_process(command, env={**os.environ, "DENO_DIR": str(settings.cache_dir / "deno")})
+    rewrites = Path(__file__).with_name("script_rewrites.ts")
+    done = runner_deno("run", "--cached-only", f"--allow-read={REPO},{script}", str(rewrites), str(script))
+    assert done.returncode == 0, done.stdout + done.stderr
     made: dict[str, dict[str, Any]] = json.loads(done.stdout)
     assert len(made) >= 4, made
     for why, rewrite in made.items():
