@@ -285,6 +285,17 @@ async def test_data_changed_by_a_program_is_sent_again(client: Client, pool: Poo
         ),
         ("a prototype changed", "_rt_js.eval('Object.setPrototypeOf(Math.max, null)')"),
         ("an object made non-extensible", "_rt_js.eval('Object.preventExtensions(Math.max)')"),
+        # What no walk of the realm reaches: a module's objects, one for every caller of the worker.
+        (
+            "a Node module changed through import()",
+            "from pyodide.code import run_js\n"
+            "await run_js(\"import('node:fs').then(m => { m.default.rtPlanted = 1 })\")",
+        ),
+        (
+            "a Node module changed through process.getBuiltinModule",
+            "_rt_js.eval(\"process.getBuiltinModule('node:os').rtPlanted = 1\")",
+        ),
+        ("a Node binding changed", "_rt_js.eval(\"process.binding('util').rtPlanted = 1\")"),
     ],
 )
 async def test_what_reaches_past_the_checks_gets_a_new_sandbox(

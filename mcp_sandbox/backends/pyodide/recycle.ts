@@ -267,6 +267,12 @@ export function guardRealm(fixedLater: string[]): void {
   flagUse(Atomics as unknown as Record<PropertyKey, unknown>, "waitAsync", "it used Atomics.waitAsync");
   const events = EventTarget.prototype as unknown as Record<PropertyKey, unknown>;
   flagUse(events, "addEventListener", "it added an event listener");
+  // Node's built-in modules and internal bindings, each one object for every caller: not walked.
+  const nodeProcess = (globalThis as unknown as { process?: object }).process;
+  for (const name of ["getBuiltinModule", "binding", "dlopen"]) {
+    const owner = ownerOf(nodeProcess, name);
+    if (owner) flagUse(owner, name, `it called process.${name}`);
+  }
   // Every Deno call that may finish later (file reads, timers of its own) counts.
   const deno = Deno as unknown as Record<PropertyKey, unknown>;
   for (const name of Object.keys(deno)) {
@@ -274,6 +280,14 @@ export function guardRealm(fixedLater: string[]): void {
     if (fixedLater.includes(name) || !descriptor?.configurable || typeof descriptor.value !== "function") continue;
     flagUse(deno, name, `it called Deno.${name}`);
   }
+}
+
+// The object on `target`'s prototype chain that holds `name` itself.
+function ownerOf(target: object | undefined, name: string): Record<PropertyKey, unknown> | undefined {
+  for (let at = target ?? null; at !== null; at = Object.getPrototypeOf(at)) {
+    if (Object.hasOwn(at, name)) return at as Record<PropertyKey, unknown>;
+  }
+  return undefined;
 }
 
 // The event handlers a program could replace to read the next call's messages.

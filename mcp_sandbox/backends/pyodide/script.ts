@@ -17,6 +17,12 @@ const STARTING = ["fs", "path"];
 
 type Require = ((name: string) => unknown) & { resolve(name: string): string };
 
+// Taken as this module loads, before the worker flags a program's use of it (recycle.ts) and before
+// any program could replace it: the runtime's own lazy loads (node:crypto for its first random
+// bytes) are not a program's.
+const { process } = globalThis as unknown as { process: { getBuiltinModule(name: string): unknown } };
+const builtIn = process.getBuiltinModule.bind(process);
+
 export type PyodideScript = {
   // V8's code for the script and for each of its functions compiled so far.
   codeCache(): Uint8Array;
@@ -25,8 +31,13 @@ export type PyodideScript = {
 };
 
 // Defines Pyodide's module factory (`_createPyodideModule`), which loadPyodide then uses instead of
-// loading the script itself.
-export async function runPyodideScript(source: string, codeCache?: Uint8Array): Promise<PyodideScript> {
+// loading the script itself. `imported` hears of every `import()` the script's code, or code it
+// evaluates (a program's through Pyodide's functions), makes.
+export async function runPyodideScript(
+  source: string,
+  codeCache?: Uint8Array,
+  imported: (specifier: string) => void = () => {},
+): Promise<PyodideScript> {
   const require = await scriptRequire(SCRIPT_FILE);
   // The wrapper is CommonJS's, on the script's first line: its `require` and `__dirname` are the
   // ones the script reads when it runs in Node (as Pyodide's loader runs it here).
@@ -38,6 +49,7 @@ export async function runPyodideScript(source: string, codeCache?: Uint8Array): 
     // Pyodide's package, as they would for the script imported, and a name that does not resolve
     // is refused without the host's paths that `require.resolve` would put in its message.
     importModuleDynamically: ((specifier: string) => {
+      imported(specifier);
       if (/^[a-z]+:/.test(specifier)) return import(specifier);
       let resolved: string;
       try {
@@ -65,9 +77,6 @@ async function scriptRequire(file: string): Promise<Require> {
     const module = (await import(`node:${name}`)).default;
     loaded.set(name, module).set(`node:${name}`, module);
   }
-  // Taken now, before any program could replace it.
-  const { process } = globalThis as unknown as { process: { getBuiltinModule(name: string): unknown } };
-  const builtIn = process.getBuiltinModule.bind(process);
   let node: Require | undefined;
   const nodeRequire = () => {
     node ??= (builtIn("node:module") as { createRequire(file: string): Require }).createRequire(file);

@@ -458,7 +458,9 @@ async function init(message: WorkerInit): Promise<void> {
     // Run here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
     const given = message.codeCache;
     delete message.codeCache; // `message` lives as long as the worker: the 1 MB need not
-    const script = await runPyodideScript(message.script, given);
+    // A module's exports are objects the realm walk does not reach: one a program changed would
+    // be the next caller's (the Node built-ins are shared by every import of them).
+    const script = await runPyodideScript(message.script, given, () => taint("it imported a JavaScript module"));
     message.script = ""; // as the cache: 1 MB
     if (given) cacheOutcome = script.cacheRejected ? "refused" : "used";
     step("pyodide.asm.js");
