@@ -4,6 +4,7 @@ Real MCP client, real server process, real Deno runner, a real side module from 
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,11 +14,17 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.helpers import call, http_server, state_file
+from mcp_sandbox.backends.base import ExecutorHooks
+from mcp_sandbox.backends.pyodide import PyodideBackend
+from mcp_sandbox.backends.registry import prepare_backend
+from mcp_sandbox.settings import Settings
+from tests.helpers import call, http_server, runner_deno, state_file
 from tests.integration.test_checkpoints import CRASH
 from tests.native import MODULE, packages_folder_with_the_extension
 
 pytestmark = pytest.mark.anyio
+
+REPO = Path(__file__).parents[2]
 
 LOAD = f"import {MODULE} as d\nx = d.add(40, 1)\nx"
 CHECK = "d.add(x, 0) == 41, d.hello()"
@@ -127,3 +134,26 @@ async def test_a_preloaded_extension_is_imported_before_the_first_call_and_carri
         marked = await call(client, f"import {MODULE} as d\nd.mark = 1")
         again = await call(client, f"import {MODULE} as d\nhasattr(d, 'mark')")
         assert fresh["result"] == again["result"] == "False" and marked["success"], (fresh, again)
+
+
+async def test_a_cpython_functions_slot_taken_by_a_library_is_its_own_again_after_a_recycle() -> None:
+    """A C extension that takes a CPython function's address gets that function's table slot,
+    made when first asked for; a recycle empties the slots taken since the clean point, and the
+    same library loaded again (the next caller's import) must find the function in its new slot,
+    not an emptied one (a call through it would trap). Runs the runtime's linker directly, with a
+    hand-made side module: the real extension takes no CPython function's address."""
+    settings = Settings(backend="pyodide", default_packages="", pyodide_tier_up=False)
+    async with anyio.create_task_group() as task_group:
+        backend = await prepare_backend(settings, ExecutorHooks(tools=None), task_group)
+        task_group.cancel_scope.cancel()
+    assert isinstance(backend, PyodideBackend) and backend._snapshot is not None
+    pyodide, snapshot = backend._pyodide_dir, backend._snapshot
+    script = Path(__file__).with_name("linker_slots.ts")
+    done = runner_deno(
+        "run", "--cached-only", f"--allow-read={REPO},{pyodide},{snapshot}", str(script), str(snapshot)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    said: dict[str, Any] = json.loads(done.stdout)
+    assert said["first"]["holds"] and said["first"]["slot"] >= said["cleanTable"], said  # made when asked for
+    assert said["reset"] is None, said
+    assert said["again"]["holds"] and said["again"]["slot"] != said["first"]["slot"], said

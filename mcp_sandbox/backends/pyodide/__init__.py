@@ -225,8 +225,10 @@ class PyodideBackend(Backend):
         from them all); None (slower starts) when it cannot be made."""
         assert self._pyodide_dir is not None
         guest = json.dumps(GUEST_MODULES).encode()
-        # script.ts and rewrites.ts are the code cache's (its own tag): the snapshot runs neither.
-        scripts = (self._runner / name for name in ("snapshot.ts", "options.ts", "modules.ts"))
+        # The snapshot is made with the runtime script every sandbox runs (script.ts, rewrites.ts):
+        # its memory points into the function table their linker lays out.
+        names = ("snapshot.ts", "options.ts", "modules.ts", "script.ts", "rewrites.ts")
+        scripts = (self._runner / name for name in names)
         tag = hashlib.sha256(b"".join(path.read_bytes() for path in scripts) + guest).hexdigest()[:12]
         snapshot = self._settings.cache_dir / f"pyodide-{self._version}-{tag}.snapshot"
         if snapshot.is_file():

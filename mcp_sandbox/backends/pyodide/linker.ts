@@ -62,9 +62,9 @@ type Calloc = (count: number, size: number) => number;
 // Called with the main module's exports as the runtime's JavaScript relocated them (a copy of
 // its own, rewrites.ts), before it links them, as Pyodide's WebAssembly is instantiated
 // (instance.ts): its JavaScript side calls calloc through the hook. Everything else keeps the real
-// calloc: its GOT entry, given by the relocation, holds the real one's table slot (so the function
-// table, and a memory snapshot, are laid out as without the hook), and its symbol is put back
-// once the instance is linked (`restoreCalloc`).
+// calloc: its GOT entry, kept from the relocation (made when a library asks, rewrites.ts), holds
+// the real one's table slot (so the function table, and a memory snapshot, are laid out as without
+// the hook), and its symbol is put back once the instance is linked (`restoreCalloc`).
 export function hookCalloc(imports: Imports, exports: Record<string, unknown>): void {
   table = imports.env.__indirect_function_table as WebAssembly.Table;
   exports.calloc = hooked(exports.calloc as Calloc);
@@ -181,8 +181,9 @@ export class LinkerClean {
     return null;
   }
 
-  // Forgets the libraries loaded since the clean point (a recycle copies the memory back). Null,
-  // or why this sandbox is not fit to recycle.
+  // Forgets the libraries loaded since the clean point (a recycle copies the memory back), and
+  // empties the table slots taken since, the main module's functions' too: one asked for again
+  // gets a new slot (rewrites.ts). Null, or why this sandbox is not fit to recycle.
   reset(): string | null {
     const module = this.module;
     if (module.wasmTable.length - this.table > MAX_TABLE_GROWTH) {

@@ -48,16 +48,24 @@ export const REWRITES: Rewrite[] = [
     ],
   },
   {
-    // The main module's ~9,700 exports each got a GOT entry (a WebAssembly.Global) at every start,
-    // for a C extension to import; few ever are. Their values are kept in a map instead, and an
-    // entry is made, holding its value, when first asked for. A function export still takes its
-    // table slot in the same order, so the table is laid out as the memory snapshot expects.
-    why: "the main module's GOT entries made when asked for",
+    // The main module's ~9,700 exports each got a GOT entry (a WebAssembly.Global) and each of its
+    // ~5,500 functions not in the table yet a table slot, at every start, for a C extension to
+    // import; few ever are. They are kept in a map instead, and an entry is made, with the
+    // function's slot, when first asked for. The memory snapshot is made with this script too
+    // (snapshot.ts), so the table is laid out as it expects.
+    why: "the main module's GOT entries and table slots made when asked for",
     replace: [
       [
         "var GOT={};",
         "var GOT={};var mainGOT=new Map,mainGOTOpen=false;" +
-        'var newGOTEntry=symName=>new WebAssembly.Global({value:"i32",mutable:true},mainGOT.get(symName)??0);',
+        'var newGOTEntry=symName=>{var value=mainGOT.get(symName);return new WebAssembly.Global({value:"i32",' +
+        'mutable:true},typeof value=="function"?addFunction(value):value??0)};',
+      ],
+      [
+        // A slot a recycle emptied (linker.ts) is no longer its function's: asked for again, the
+        // function gets a new one.
+        "return functionsInTableMap.get(func)||0}",
+        "var slot=functionsInTableMap.get(func)||0;return slot&&wasmTable.get(slot)!==null?slot:0}",
       ],
       [
         'if(!rtn){rtn=GOT[symName]=new WebAssembly.Global({value:"i32",mutable:true})}',
@@ -66,7 +74,7 @@ export const REWRITES: Rewrite[] = [
       [
         'var value=exports[symName];GOT[symName]||=new WebAssembly.Global({value:"i32",mutable:true});',
         'var value=exports[symName];if(mainGOTOpen&&!GOT[symName]){if(typeof value=="function"){' +
-        'mainGOT.set(symName,addFunction(value));continue}if(typeof value=="number"){mainGOT.set(symName,value);' +
+        'mainGOT.set(symName,value);continue}if(typeof value=="number"){mainGOT.set(symName,value);' +
         "continue}}GOT[symName]||=newGOTEntry(symName);",
       ],
       [

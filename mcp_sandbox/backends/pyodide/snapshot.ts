@@ -1,5 +1,5 @@
-// Makes what sandboxes start from, once per Pyodide version and guest runtime, for the host's
-// PyodideBackend.prepare():
+// Makes what sandboxes start from, once per Pyodide version, runtime script and guest runtime,
+// for the host's PyodideBackend.prepare():
 //   deno run ... snapshot.ts snapshot <file to write> [<guest modules>]
 // the Pyodide memory snapshot (loading Pyodide from scratch takes seconds, restoring a snapshot
 // much less), the guest modules a JSON file of [name, source] pairs, loaded into the snapshot too;
@@ -18,6 +18,9 @@ else if (mode === "code-cache") await makeCodeCache(args[0], args[1]);
 else throw new Error(`snapshot.ts: no such mode ${mode}`);
 
 async function makeSnapshot(file: string, guestModules: string | undefined): Promise<void> {
+  // The runtime script every sandbox runs (rewrites.ts), whose linker lays out the function table
+  // that the snapshot's memory points into.
+  await runPyodideScript(pyodideScript());
   const pyodide = await loadPyodide({ ...PYODIDE_OPTIONS, _makeSnapshot: true });
   // What installing a package imports, done once here rather than at each sandbox's start, or by
   // each session that loads a package (its checkpoint would carry them: megabytes of pages).
