@@ -6,6 +6,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 
 import anyio
 import anyio.abc
@@ -54,7 +55,8 @@ class ReadyPool:
 
     A sandbox may serve some principals only (one that shares its process with another's
     sandboxes, `Executor.serves`): it is handed to the first waiter it serves, and a start for a
-    waiter is started for its principal.
+    waiter is started for its principal. A recycled sandbox serves only the principal whose call
+    used it last: a reset in place restores what it knows of, not all a program could leave.
 
     A caller done with a sandbox gives it back (`give_back`): with `recycle`, it is reset in place
     in the background and is ready again in milliseconds; otherwise, or when it cannot be
@@ -90,6 +92,9 @@ class ReadyPool:
         #: Why the latest start failed, while starts fail (None once one succeeds).
         self._start_error: str | None = None
         self._started_any = False
+        #: Whose call each sandbox handed out serves, and whose call last used each recycled one.
+        self._claimed_by: WeakKeyDictionary[Executor, str] = WeakKeyDictionary()
+        self._used_by: WeakKeyDictionary[Executor, str] = WeakKeyDictionary()
 
     @property
     def ready(self) -> tuple[Executor, ...]:
@@ -148,8 +153,15 @@ class ReadyPool:
         """A sandbox started for `principal`'s caller alone, never used before: for what a pooled
         one may have been ruled out of by its use (a restore). Raises SandboxStartError."""
         executor = await self._start(principal)
-        executor.claim(principal)
+        self._claim(executor, principal)
         return executor
+
+    def _serves(self, executor: Executor, principal: str) -> bool:
+        return executor.serves(principal) and self._used_by.get(executor, principal) == principal
+
+    def _claim(self, executor: Executor, principal: str) -> None:
+        self._claimed_by[executor] = principal
+        executor.claim(principal)
 
     async def give_back(self, executor: Executor, *, lent: bool = False) -> None:
         """Take back a sandbox its caller is done with (`lent`: one from `take(lend=True)`):
@@ -181,6 +193,8 @@ class ReadyPool:
             await self._discard(executor)
             return
         executor.unclaim()
+        if (principal := self._claimed_by.pop(executor, None)) is not None:
+            self._used_by[executor] = principal
         if self._closed:
             await executor.close()
         elif self._hand_over(executor):
@@ -194,10 +208,10 @@ class ReadyPool:
 
     def _hand_over(self, executor: Executor) -> bool:
         """Give `executor` to the first waiter it serves; False when it serves none."""
-        waiter = self._waiters.popleft_of(executor.serves)
+        waiter = self._waiters.popleft_of(lambda principal: self._serves(executor, principal))
         if waiter is None:
             return False
-        executor.claim(waiter.principal)
+        self._claim(executor, waiter.principal)
         waiter.executor = executor
         waiter.ready.set()
         return True
@@ -207,9 +221,9 @@ class ReadyPool:
             if not executor.alive or not executor.reusable:
                 self._ready.remove(executor)
                 await executor.close()
-            elif executor.serves(principal):
+            elif self._serves(executor, principal):
                 self._ready.remove(executor)
-                executor.claim(principal)
+                self._claim(executor, principal)
                 return executor
         waiter = _Waiter(principal)
         self._waiters.append(principal, waiter)

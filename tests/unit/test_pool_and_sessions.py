@@ -61,6 +61,7 @@ async def test_a_refill_waits_out_the_takers_first_call_and_a_waiting_caller_doe
             await pool.take()  # a caller waits: a start for it, now
         assert len(starts) == 2, "the refill is still waiting"
         await pool.close()
+        group.cancel_scope.cancel()  # the refill would wait out its 60 s
 
 
 class RecyclableExecutor(FakeExecutor):
@@ -79,6 +80,29 @@ async def test_a_sandbox_that_is_not_reusable_is_closed_not_recycled() -> None:
             while kept not in pool.ready:
                 await anyio.sleep(0.01)
         assert spent.closed and not kept.closed and spent not in pool.ready
+        await pool.close()
+
+
+async def test_a_recycled_sandbox_serves_only_the_principal_whose_call_used_it() -> None:
+    """A reset in place restores what it knows of, not all a program could leave: alice's used
+    sandbox, recycled, goes to alice's next call, never to bob's, who gets a sandbox of his own."""
+
+    async def start(principal: str | None = None) -> Executor:
+        return RecyclableExecutor()
+
+    async with anyio.create_task_group() as group:
+        pool = ReadyPool(start, size=1, task_group=group, acquire_timeout=5, recycle=True)
+        used = await pool.take(principal="alice")
+        await pool.give_back(used)
+        with anyio.fail_after(5):
+            while used not in pool.ready:
+                await anyio.sleep(0.01)
+        with anyio.fail_after(5):
+            bobs = await pool.take(principal="bob")
+        assert bobs is not used and used in pool.ready
+        with anyio.fail_after(5):
+            alices = await pool.take(principal="alice")
+        assert alices is used
         await pool.close()
 
 
