@@ -296,6 +296,14 @@ async def test_data_changed_by_a_program_is_sent_again(client: Client, pool: Poo
             "_rt_js.eval(\"process.getBuiltinModule('node:os').rtPlanted = 1\")",
         ),
         ("a Node binding changed", "_rt_js.eval(\"process.binding('util').rtPlanted = 1\")"),
+        (
+            "a flagged call with Set.prototype.add replaced around it",
+            '_rt_js.eval("const add = Set.prototype.add;'
+            " Set.prototype.add = function (v) {"
+            " return typeof v === 'string' ? this : Reflect.apply(add, this, [v]) };"
+            " try { process.getBuiltinModule('node:os').rtPlanted = 1 }"
+            ' finally { Set.prototype.add = add }")',
+        ),
     ],
 )
 async def test_what_reaches_past_the_checks_gets_a_new_sandbox(
@@ -432,3 +440,36 @@ async def test_plain_calls_on_a_plain_server_reuse_one_recycled_sandbox(anyio_ba
             assert following.sandbox == previous.sandbox, "the next call did not get the recycled sandbox"
             previous = following
         assert previous.then == "recycled", f"the sandbox was {previous.then}, not recycled"
+
+
+#: A program's mark a recycle missed, and how the next caller's program reads it: each pair's probe
+#: must find nothing, whichever sandbox it lands in.
+LEFT_FOR_LATER = [
+    (
+        "a clean file written with Date.now faked",
+        "import os\np = '/lib/python313.zip'\nms = os.stat(p).st_ctime_ns // 1_000_000\n"
+        "_rt_js.eval(f'globalThis.rtNow = Date.now; Date.now = () => {ms}')\n"
+        "try:\n    with open(p, 'r+b') as f:\n        f.seek(-1, 2)\n        f.write(b'Q')\n"
+        "finally:\n    _rt_js.eval('Date.now = globalThis.rtNow; delete globalThis.rtNow')",
+        "with open('/lib/python313.zip', 'rb') as f:\n    f.seek(-1, 2)\n    last = f.read()\nlast == b'Q'",
+    ),
+    (
+        "a chain of setImmediate callbacks",
+        "_rt_js.eval('(() => { const t0 = performance.now(); let n = 0; const tick = () => {"
+        " n++; if (performance.now() - t0 > 400) { globalThis.rtImmediate = 1; return }"
+        " if (n < 5000000) setImmediate(tick) }; setImmediate(tick) })()')",
+        "import asyncio\nawait asyncio.sleep(1)\nstr(_rt_js.eval('String(globalThis.rtImmediate)')) == '1'",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "plant", "probe"), LEFT_FOR_LATER, ids=[name for name, _, _ in LEFT_FOR_LATER]
+)
+async def test_what_a_program_leaves_for_later_the_next_caller_does_not_find(
+    client: Client, pool: Pool, name: str, plant: str, probe: str
+) -> None:
+    planted = await use(client, pool, plant)
+    assert planted.reply.get("success") is True, planted.reply.summary()
+    found = await use(client, pool, probe)
+    assert found.reply.get("result") == "False", f"after {name}: {found.reply.summary()}"

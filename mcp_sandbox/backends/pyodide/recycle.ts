@@ -65,6 +65,13 @@ const MAX_MEMORY_GROWTH = 64 * 1024 * 1024;
 export const Bytes = Uint8Array;
 export const Words = Int32Array;
 const apply = Reflect.apply;
+const construct = Reflect.construct;
+const setAdd = Set.prototype.add;
+const arrayPush = Array.prototype.push;
+// What the wrappers below note while a program runs, through functions taken now: a built-in a
+// program replaced only around its call would otherwise drop the note, and the check at the
+// recycle would find the built-in as it was.
+const note = <T>(set: Set<T>, value: T): void => void apply(setAdd, set, [value]);
 const typedArray = Object.getPrototypeOf(Uint8Array.prototype);
 const typedArraySet = typedArray.set;
 const typedArraySubarray = typedArray.subarray;
@@ -166,6 +173,9 @@ export const MAX_CLEAN_DRIFT_PAGES = 64;
 const taints = new Set<string>();
 // Timers set since the clean point (asyncio's callbacks, a program's own): cleared on recycling.
 const timers = new Set<ReturnType<typeof setTimeout>>();
+// And setImmediate's, cleared with clearImmediate as it was before any program.
+const immediates = new Set<unknown>();
+let clearImmediate: (immediate: unknown) => void = () => {};
 let watching = false;
 
 // WebAssembly stacks suspended by stack switching (run_sync, asyncio.run through it) and not
@@ -206,7 +216,7 @@ export function watchFinalizers(registry: FinalizationRegistry<unknown>): void {
   watchedRegistries.add(registry);
   const register = registry.register.bind(registry);
   fix(registry, "register", (target: object, held: unknown, token?: object) => {
-    if (token !== undefined) finalizers.push(token);
+    if (token !== undefined) apply(arrayPush, finalizers, [token]);
     else taint("a finalizer was registered without a token");
     return register(target, held, token);
   });
@@ -235,12 +245,12 @@ function flagUse(target: Record<PropertyKey, unknown>, name: string, label: stri
     name,
     new Proxy(original, {
       apply(fn, self, args) {
-        if (watching) taints.add(label);
-        return Reflect.apply(fn, self, args);
+        if (watching) note(taints, label);
+        return apply(fn, self, args);
       },
       construct(fn, args, newTarget) {
-        if (watching) taints.add(label);
-        return Reflect.construct(fn, args, newTarget);
+        if (watching) note(taints, label);
+        return construct(fn, args, newTarget);
       },
     }),
   );
@@ -252,16 +262,32 @@ export function guardRealm(fixedLater: string[]): void {
   const realSetTimeout = globalThis.setTimeout as (...args: unknown[]) => ReturnType<typeof setTimeout>;
   const realSetInterval = globalThis.setInterval as (...args: unknown[]) => ReturnType<typeof setTimeout>;
   fix(globalThis, "setTimeout", (handler: () => void, delay?: number, ...args: unknown[]) => {
-    const id = realSetTimeout(handler, delay, ...args);
-    if (watching) timers.add(id);
+    const id = apply(realSetTimeout, globalThis, [handler, delay, ...args]);
+    if (watching) note(timers, id);
     return id;
   });
   fix(globalThis, "setInterval", (handler: () => void, delay?: number, ...args: unknown[]) => {
-    const id = realSetInterval(handler, delay, ...args);
-    if (watching) timers.add(id);
+    const id = apply(realSetInterval, globalThis, [handler, delay, ...args]);
+    if (watching) note(timers, id);
     return id;
   });
+  // Node's setImmediate (Pyodide's asyncio schedules its callbacks with it): a chain of them
+  // outlived the recycle and ran in the next caller's call.
   const global = globalThis as unknown as Record<PropertyKey, unknown>;
+  const realSetImmediate = global.setImmediate as ((...args: unknown[]) => unknown) | undefined;
+  const realClearImmediate = global.clearImmediate as ((immediate: unknown) => void) | undefined;
+  if (realSetImmediate && realClearImmediate) {
+    fix(globalThis, "setImmediate", (handler: () => void, ...args: unknown[]) => {
+      const immediate = apply(realSetImmediate, globalThis, [handler, ...args]);
+      if (watching) note(immediates, immediate);
+      return immediate;
+    });
+    clearImmediate = (immediate) => apply(realClearImmediate, globalThis, [immediate]);
+  }
+  // The file system stamps a change with Date.now: a program that faked it around a write to a
+  // clean file hid the write from the recycle, and the next caller read what it wrote.
+  fix(Date, "now", Date.now);
+  fix(globalThis, "Date", Date);
   const channels = ["WebSocket", "WebSocketStream", "BroadcastChannel", "MessageChannel", "EventSource"];
   for (const name of ["FinalizationRegistry", "Worker", "fetch", ...channels]) flagUse(global, name, `it used ${name}`);
   flagUse(Atomics as unknown as Record<PropertyKey, unknown>, "waitAsync", "it used Atomics.waitAsync");
@@ -570,7 +596,7 @@ export async function asTheWorker<T>(work: () => Promise<T>): Promise<T> {
 
 // The guest's audit hook reports ctypes here: raw memory and C calls reach past every check.
 export function taint(reason: string): void {
-  if (watching) taints.add(reason);
+  if (watching) note(taints, reason);
 }
 
 // What has reached past the checks so far: a checkpoint carries it to the sandbox it restores into.
@@ -722,6 +748,8 @@ export class CleanState {
     if (reason !== null) return { clean: false, reason };
     for (const id of timers) clearTimeout(id); // clears intervals too
     timers.clear();
+    for (const immediate of immediates) clearImmediate(immediate);
+    immediates.clear();
     this.forgetFinalizers();
     const files = this.restoreFiles();
     if (files !== null) return { clean: false, reason: files };
