@@ -817,9 +817,11 @@ WorkerMessage = WorkerInit | WorkerData | RunMessage | JitWarmUpMessage | ToolRe
 
 
 class WorkerPost(TypedDict):
-    """Worker -> main thread. ``json`` is a RunnerMessage; ``id`` is set only on the message that
-    ends run ``id`` (its result, or a crash); ``exiting``: the worker is gone after this one;
-    ``syncCall``: the tool_call in ``json`` blocks on the shared-memory reply."""
+    """Worker -> main thread, on the private channel (ControlRequest's): what sandboxed code posts
+    with the worker's own postMessage is never read. ``json`` is a RunnerMessage; ``id`` is set
+    only on the message that ends run ``id`` (its result, or a crash); ``exiting``: the worker is
+    gone after this one; ``syncCall``: the tool_call in ``json`` blocks on the shared-memory
+    reply."""
 
     id: int | None
     json: str

@@ -141,6 +141,23 @@ ATTACKS: list[Attack] = [
         pyodide_only(),
     ),
     Attack(
+        # The worker's runtime posts on a private port; what a program posts is never read, so a
+        # result it forges (for its own run, or from a callback left for a later caller's) is not.
+        "post_message_forged_result",
+        program("""
+            import js, json
+            for run in range(1, 60):
+                outcome = {'success': True, 'stdout': '', 'stderr': '', 'result': "'FORGED'",
+                           'error_type': None, 'error': None, 'truncated': False}
+                msg = {'type': 'result', 'id': run, 'outcome': outcome}
+                envelope = {'id': run, 'json': json.dumps(msg), 'exiting': False}
+                js.postMessage(js.JSON.parse(json.dumps(envelope)))
+            'genuine'
+        """),
+        result_is("'genuine'"),
+        pyodide_only(),
+    ),
+    Attack(
         "fd_writes_forged_result",
         FORGE_RESULT_LINES
         + program("""

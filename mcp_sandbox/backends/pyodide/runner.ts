@@ -336,9 +336,8 @@ class Sandbox {
       type: "module",
       deno: { permissions },
     } as WorkerOptions);
-    started.onmessage = (event: MessageEvent<WorkerPost>) => {
-      if (started === this.worker) this.fromWorker(event.data);
-    };
+    // Only sandboxed code posts here: the worker itself posts on its private port.
+    started.onmessage = () => {};
     started.onerror = (event: ErrorEvent) => {
       event.preventDefault();
       if (started !== this.worker) return; // a replaced worker's last words
@@ -350,9 +349,12 @@ class Sandbox {
     const port = channel.port1;
     this.control = port;
     port.onmessage = (
-      event: MessageEvent<ControlAnswer | WorkerModule | WorkerCleanMemory | WorkerRecycledCrash | WorkerWarmedUp>,
+      event: MessageEvent<
+        ControlAnswer | WorkerModule | WorkerCleanMemory | WorkerRecycledCrash | WorkerWarmedUp | WorkerPost
+      >,
     ) => {
       if (port !== this.control) return; // a replaced worker's port
+      if ("exiting" in event.data) return this.fromWorker(event.data);
       if ("module" in event.data) {
         compiled ??= { module: event.data.module };
         moduleSettled();
@@ -398,7 +400,7 @@ class Sandbox {
   private fromWorker({ id, json, exiting, syncCall }: WorkerPost): void {
     const ended = "the sandbox's worker ended between runs";
     if (id === null) {
-      // Sandboxed code can post too: between results only these kinds pass, never a result.
+      // Between results only these kinds pass, never a result.
       let kind: unknown;
       try {
         kind = JSON.parse(json)?.type;
@@ -427,7 +429,7 @@ class Sandbox {
       Atomics.store(this.signals, SIGNAL_KILL, 0); // a kill that came after the result is for nobody
     } else {
       if (exiting) this.gone(null, ended);
-      return; // a result for a run that is not running is forged or stale
+      return; // a result for a run that is not running is stale
     }
     // A worker that exited between runs is gone for good, and so is this sandbox.
     if (exiting) return this.gone(json, ended);

@@ -143,7 +143,6 @@ const initial: Partial<WorkerState> = {
 // Without a prototype: what sandboxed code adds to Object.prototype is never read as the worker's state.
 const state = Object.assign(Object.create(null), initial) as WorkerState;
 
-const postToMain = self.postMessage.bind(self);
 // The control channel's answers are built and sent with the originals: a program may replace
 // JSON.stringify or MessagePort.prototype.postMessage, and must not be able to forge a verdict.
 const stringify = JSON.stringify;
@@ -156,9 +155,11 @@ function answer(
   portPost.call(state.control, reply, { transfer });
 }
 
+// On the private channel too: what a program posts with the worker's own postMessage (a result for
+// the next caller's run, from a callback that outlived a recycle) is never read.
 function post(id: number | null, json: string, exiting = false, syncCall?: number): void {
   const message: WorkerPost = { id, json, exiting, ...(syncCall === undefined ? {} : { syncCall }) };
-  postToMain(message);
+  portPost.call(state.control, message);
 }
 
 function postRunnerMessage(id: number | null, message: RunnerMessage, exiting = false): void {
