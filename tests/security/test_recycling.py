@@ -296,6 +296,12 @@ async def test_data_changed_by_a_program_is_sent_again(client: Client, pool: Poo
             "_rt_js.eval(\"process.getBuiltinModule('node:os').rtPlanted = 1\")",
         ),
         ("a Node binding changed", "_rt_js.eval(\"process.binding('util').rtPlanted = 1\")"),
+        # Work that finishes after the call, and state Deno keeps outside any object walked.
+        ("crypto.subtle", "_rt_js.eval(\"crypto.subtle.digest('SHA-256', new Uint8Array(4))\")"),
+        ("a performance mark", "_rt_js.eval(\"performance.mark('rt-planted')\")"),
+        ("a Web Lock", "_rt_js.eval(\"navigator.locks.request('rt-planted', () => new Promise(() => {}))\")"),
+        ("an exit code", "_rt_js.eval('Deno.exitCode = 77')"),
+        ("Node's exit code", "_rt_js.eval('process.exitCode = 55')"),
         (
             "a flagged call with Set.prototype.add replaced around it",
             '_rt_js.eval("const add = Set.prototype.add;'
@@ -445,6 +451,11 @@ async def test_plain_calls_on_a_plain_server_reuse_one_recycled_sandbox(anyio_ba
 #: A program's mark a recycle missed, and how the next caller's program reads it: each pair's probe
 #: must find nothing, whichever sandbox it lands in.
 LEFT_FOR_LATER = [
+    (
+        "a file in /dev/shm",
+        "open('/dev/shm/rt_planted', 'w').write('TAINT')",
+        "import os\n'rt_planted' in os.listdir('/dev/shm')",
+    ),
     (
         "a clean file written with Date.now faked",
         "import os\np = '/lib/python313.zip'\nms = os.stat(p).st_ctime_ns // 1_000_000\n"

@@ -27,6 +27,7 @@ type EmscriptenFS = {
   lookupPath(path: string, options: { follow: boolean }): { node: FSNode };
   readdir(path: string): string[];
   isDir(mode: number): boolean;
+  isChrdev(mode: number): boolean;
   isFile(mode: number): boolean;
   isLink(mode: number): boolean;
   analyzePath(path: string, dontResolveLastLink: boolean): { exists: boolean };
@@ -299,6 +300,20 @@ export function guardRealm(fixedLater: string[]): void {
     const owner = ownerOf(nodeProcess, name);
     if (owner) flagUse(owner, name, `it called process.${name}`);
   }
+  // Work that finishes after the call (a key derivation's promise), or state Deno keeps outside
+  // any object the walk reaches (performance entries, held locks): the next caller saw each.
+  const subtle = (globalThis as unknown as { SubtleCrypto?: { prototype: Record<PropertyKey, unknown> } })
+    .SubtleCrypto?.prototype;
+  for (const name of subtle ? Object.getOwnPropertyNames(subtle) : []) {
+    if (name !== "constructor") flagUse(subtle!, name, `it used crypto.subtle.${name}`);
+  }
+  const performanceOwner = ownerOf(globalThis.performance, "mark");
+  for (const name of ["mark", "measure"]) {
+    if (performanceOwner) flagUse(performanceOwner, name, `it called performance.${name}`);
+  }
+  const locks = (globalThis as unknown as { LockManager?: { prototype: Record<PropertyKey, unknown> } })
+    .LockManager?.prototype;
+  if (locks) flagUse(locks, "request", "it requested a Web Lock");
   // Every Deno call that may finish later (file reads, timers of its own) counts.
   const deno = Deno as unknown as Record<PropertyKey, unknown>;
   for (const name of Object.keys(deno)) {
@@ -314,6 +329,19 @@ function ownerOf(target: object | undefined, name: string): Record<PropertyKey, 
     if (Object.hasOwn(at, name)) return at as Record<PropertyKey, unknown>;
   }
   return undefined;
+}
+
+// Deno's and Node's exit codes, read through getters taken before any program: one a program set
+// would be the process's (and the next caller's to read).
+const exitCodeReaders = ([["Deno", "exitCode"], ["process", "exitCode"]] as const).map(([global, name]) => {
+  const target = (globalThis as unknown as Record<string, object | undefined>)[global];
+  const owner = ownerOf(target, name);
+  const get = owner ? Object.getOwnPropertyDescriptor(owner, name)?.get : undefined;
+  return get ? () => apply(get, target, []) : () => undefined;
+});
+
+function exitCodes(): unknown[] {
+  return exitCodeReaders.map((read) => read());
 }
 
 // The event handlers a program could replace to read the next call's messages.
@@ -638,7 +666,8 @@ export class CleanState {
   private readonly realm: RealmWalk;
   private readonly builtIns: BuiltIns;
   readonly files: Map<string, NodeRecord>;
-  // Not restored with the rest of the tree: data/ has its own check, /proc and /dev are devices.
+  // Not restored with the rest of the tree: data/ has its own check, /proc is made as it is read.
+  // /dev is (a program's files in /dev/shm were the next caller's), but for its devices' times.
   readonly skipped: Set<string>;
   readonly streams: Set<number>;
   private readonly cwd: string;
@@ -646,6 +675,7 @@ export class CleanState {
   private readonly loadedPackages: Record<string, unknown>;
   private readonly cleanPackages: Record<string, unknown>;
   private readonly onmessage: unknown;
+  private readonly exitCodes: unknown[];
   private readonly suspendedStacks: number;
   private data: Map<string, NodeRecord> = new Map();
 
@@ -670,11 +700,12 @@ export class CleanState {
     this.loadedPackages = pyodide.loadedPackages as Record<string, unknown>;
     this.cleanPackages = { ...this.loadedPackages };
     const FS = module.FS;
-    this.skipped = new Set([this.dataDir, "/proc", "/dev"]);
+    this.skipped = new Set([this.dataDir, "/proc"]);
     this.files = fileTree(FS, "/", this.skipped);
     this.streams = new Set(FS.streams.flatMap((stream, fd) => (stream ? [fd] : [])));
     this.cwd = FS.cwd();
     this.onmessage = handlerGetter("onmessage")?.call(globalThis);
+    this.exitCodes = exitCodes();
     this.suspendedStacks = suspendedStacks;
     // Proxies that Python objects get during a run register with Pyodide's finalizer; after the
     // memory is copied back, their finalizers would free someone else's objects. Those of the start
@@ -768,6 +799,7 @@ export class CleanState {
       return `its memory grew to ${Math.round(module.HEAP8.buffer.byteLength / 2 ** 20)} MB`;
     }
     if (this.cleanSlotsChanged()) return "it changed the function table (a C callback)";
+    if (exitCodes().some((code, i) => !same(code, this.exitCodes[i]))) return "it set the process's exit code";
     if (handlerGetter("onmessage")?.call(globalThis) !== this.onmessage) return "its message handler was replaced";
     for (const name of HANDLERS.slice(1)) {
       if (handlerGetter(name)?.call(globalThis)) return `it set ${name}`;
@@ -790,7 +822,7 @@ export class CleanState {
         if (path === this.dataDir) continue; // restoreData's
         const node = now.get(path)?.node;
         if (node !== record.node) return `a file it did not make was replaced (${path})`;
-        if (node.ctime !== record.ctime && !FS.isDir(record.mode)) {
+        if (node.ctime !== record.ctime && !FS.isDir(record.mode) && !FS.isChrdev(record.mode)) {
           return `a file it did not make was changed (${path})`;
         }
         Object.assign(node, { mode: record.mode, ctime: record.ctime, mtime: record.mtime, atime: record.atime });
