@@ -62,8 +62,16 @@ export type CheckpointOutcome =
   | { saved: true; blob: Uint8Array; lost: string[] }
   | { saved: false; reason: string };
 
+// Taken before any program: TextEncoder and TextDecoder are behind Deno's lazy getters, which the
+// recycle's walk does not follow, so a method a program replaced there could outlive the recycle
+// and read a later caller's checkpoint.
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
+const apply = Reflect.apply;
+const encodeText = TextEncoder.prototype.encode;
+const decodeText = TextDecoder.prototype.decode;
+const encode = (text: string): Uint8Array => apply(encodeText, encoder, [text]);
+const decode = (bytes: Uint8Array): string => apply(decodeText, decoder, [bytes]);
 
 // The clean memory is read by index only, through `clean.memoryWords` (recycle.ts's Bytes).
 function hashPages(words: Int32Array, count: number): { hashes: Int32Array; bytes: Uint8Array } {
@@ -257,7 +265,7 @@ export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): Ch
     tainted: taintsSoFar(),
     linker: clean.linker.record(),
   };
-  const head = encoder.encode(JSON.stringify(header));
+  const head = encode(JSON.stringify(header));
   const hashes = cleanHashes(clean).bytes;
   const fileBytes = contents.reduce((total, bytes) => total + bytes.length, 0);
   const hashBytes = clean.memoryLength / PAGE * 4;
@@ -268,7 +276,7 @@ export function takeCheckpoint(clean: CleanState, jsHolders: () => string[]): Ch
     copyInto(blob, bytes, at);
     at += length;
   };
-  put(encoder.encode(MAGIC));
+  put(encode(MAGIC));
   new DataView(blob.buffer).setUint32(at, head.length, true);
   at += 4;
   put(head);
@@ -283,14 +291,14 @@ function parse(
   blob: Uint8Array,
   clean: CleanState,
 ): { header: Header; hashes: Int32Array; masks: Uint8Array; words: Int32Array; filesAt: number } | string {
-  if (blob.length < MAGIC.length + 4 || decoder.decode(blob.subarray(0, MAGIC.length)) !== MAGIC) {
+  if (blob.length < MAGIC.length + 4 || decode(blob.subarray(0, MAGIC.length)) !== MAGIC) {
     return "it is not a checkpoint";
   }
   const headLength = new DataView(blob.buffer, blob.byteOffset).getUint32(MAGIC.length, true);
   if (headLength > MAX_HEADER_BYTES || MAGIC.length + 4 + headLength > blob.length) return "its header is cut short";
   let header: Header;
   try {
-    header = JSON.parse(decoder.decode(blob.subarray(MAGIC.length + 4, MAGIC.length + 4 + headLength)));
+    header = JSON.parse(decode(blob.subarray(MAGIC.length + 4, MAGIC.length + 4 + headLength)));
   } catch {
     return "its header is not JSON";
   }

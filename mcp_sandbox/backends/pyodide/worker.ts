@@ -168,7 +168,11 @@ function postRunnerMessage(id: number | null, message: RunnerMessage, exiting = 
 
 // A blocking tool call: post it, then sleep in Atomics.wait until the main thread has the
 // reply in shared memory (see runner.ts and protocol.py).
+// Taken before any program (a method replaced behind Deno's lazy TextDecoder getter, which the
+// recycle's walk does not follow, would read the next caller's tool replies).
 const decoder = new TextDecoder();
+const decodeText = TextDecoder.prototype.decode;
+const applyTo = Reflect.apply;
 
 function blockOnToolCall(call: number, message: string): string {
   if (Atomics.load(state.signals, SIGNAL_INTERRUPT) !== 0) {
@@ -189,7 +193,7 @@ function blockOnToolCall(call: number, message: string): string {
   // TextDecoder refuses views of shared memory, so the reply is copied out first.
   const bytes = new Uint8Array(length);
   bytes.set(new Uint8Array(state.syncData, 0, length));
-  return decoder.decode(bytes);
+  return applyTo(decodeText, decoder, [bytes]);
 }
 
 // The guest's waits (time.sleep and the rest, guest.install_waits): asleep in Atomics.wait, with no
