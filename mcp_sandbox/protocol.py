@@ -718,6 +718,9 @@ class WorkerInit(TypedDict):
     #: ``codeCacheDamaged`` when that file is not the one the host made, and none is given.
     codeCache: NotRequired[Uint8Array]
     codeCacheDamaged: NotRequired[bool]
+    #: The worker was started ahead, before this sandbox needed it (runner.ts): its start, and its
+    #: ``load_ms``, count from this message.
+    spare: NotRequired[bool]
 
 
 class DataFile(TypedDict):

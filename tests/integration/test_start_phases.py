@@ -265,3 +265,37 @@ async def test_a_later_sandbox_reads_only_the_snapshots_pages_after_the_file_is_
     said = ready_lines(caplog)
     assert len(said) == 2, said
     assert said[0].endswith(", snapshot read whole") and said[1].endswith(", snapshot read pages"), said
+
+
+def workers(pid: int) -> int:
+    """The Web Workers of Deno process `pid`: each is a thread of its own, named worker-N."""
+    names = (Path(f"/proc/{pid}/task/{task}/comm").read_text() for task in os.listdir(f"/proc/{pid}/task"))
+    return sum(name.startswith("worker-") for name in names)
+
+
+async def test_a_later_sandbox_takes_the_worker_its_process_started_ahead(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Once a sandbox is ready and its process has room for another, the runner starts the next
+    sandbox's worker ahead (runner.ts): a later sandbox then starts with no worker start of its
+    own, and counts its start from its init. The first sandbox of a process has none to take."""
+    caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
+    async with anyio.create_task_group() as task_group:
+        backend = await prepare_backend(TWO_PER_PROCESS, ExecutorHooks(tools=None), task_group)
+        first = await backend.start()
+        try:
+            assert (await first.run("6 * 7", 60)).result == "42"
+            pid = first.pid  # type: ignore[attr-defined]
+            with anyio.fail_after(30):
+                while workers(pid) < 2:  # the first sandbox's and the one started ahead
+                    await anyio.sleep(0.05)
+            later = await backend.start()
+            assert later.pid == pid  # type: ignore[attr-defined]
+            assert (await later.run("6 * 7", 60)).result == "42"
+            await later.close()
+        finally:
+            await first.close()
+            task_group.cancel_scope.cancel()
+    said = ready_lines(caplog)
+    assert len(said) == 2, said
+    assert "(worker start 0," not in said[0] and "(worker start 0," in said[1], said

@@ -390,6 +390,8 @@ class PyodideBackend(Backend):
             f"--allow-write={checkpoint_dir}",
             *([f"--allow-net={self._settings.allow_net}"] if self._settings.allow_net else []),
             str(self._runner / "runner.ts"),
+            # How many sandboxes it hosts at most: it starts a worker ahead only while there is room.
+            str(self._settings.sandboxes_per_process),
         ]
 
     def _code_flags(self) -> str:

@@ -268,6 +268,7 @@ export type WorkerInit = {
   script: string;
   codeCache?: Uint8Array;
   codeCacheDamaged?: boolean;
+  spare?: boolean;
 };
 
 export type DataFile = {

@@ -97,6 +97,71 @@ const sandboxes = new Map<number, Sandbox>();
 // Sandboxes asked for while the first worker compiles: started once it hands its module over (or
 // fails), so no two compile it.
 const waiting = new Map<number, InitMessage>();
+// How many sandboxes this process hosts at most (the host's sandboxes_per_process).
+const CAPACITY = Number(Deno.args[0] ?? "1");
+
+type Permissions = Deno.PermissionOptionsObject;
+
+// A worker where sandboxed code runs: it gets less than this thread, only what loading Pyodide and
+// its packages needs, and the network hosts the operator allowed.
+function workerPermissions(message: InitMessage): Permissions {
+  const read = [new URL(".", import.meta.url).pathname, message.pyodide_dir!];
+  if (message.packages_dir) read.push(message.packages_dir);
+  if (message.snapshot) read.push(message.snapshot);
+  return {
+    read,
+    net: message.allow_net ? message.allow_net.split(",") : false,
+    env: false,
+    run: false,
+    write: false,
+    ffi: false,
+    sys: false,
+    import: false,
+  };
+}
+
+function newWorker(permissions: Permissions): Worker {
+  return new Worker(new URL("./worker.ts", import.meta.url), {
+    type: "module",
+    deno: { permissions },
+  } as WorkerOptions);
+}
+
+// A worker started ahead for the process's next sandbox, while the process has room and no run
+// waits on its thread: Deno's worker runtime and the modules (30-40 ms, and 11-15 ms of this
+// thread's) are then done before anyone needs them. It runs nothing but its modules until a
+// sandbox's init reaches it, and is used only with the permissions it was made with.
+let spare: { worker: Worker; permissions: string } | null = null;
+let spareTimer: ReturnType<typeof setTimeout> | undefined;
+
+function takeWorker(permissions: Permissions): { worker: Worker; spare: boolean } {
+  const ready = spare;
+  spare = null;
+  if (ready !== null && ready.permissions === JSON.stringify(permissions)) return { worker: ready.worker, spare: true };
+  ready?.worker.terminate();
+  return { worker: newWorker(permissions), spare: false };
+}
+
+// Starts the spare soon, once no sandbox of the process is running a program (a start blocks this
+// thread 11-15 ms, which would delay a run's messages); retried while they are, for a few seconds.
+function startSpareSoon(permissions: Permissions, tries = 50): void {
+  clearTimeout(spareTimer);
+  spareTimer = setTimeout(() => {
+    if (spare !== null || sandboxes.size === 0 || sandboxes.size >= CAPACITY) return;
+    if ([...sandboxes.values()].some((sandbox) => sandbox.busy)) {
+      if (tries > 1) startSpareSoon(permissions, tries - 1);
+      return;
+    }
+    const made = { worker: newWorker(permissions), permissions: JSON.stringify(permissions) };
+    // One that fails to load is dropped, and a sandbox starts a worker of its own.
+    made.worker.onerror = (event: ErrorEvent) => {
+      event.preventDefault();
+      if (spare === made) spare = null;
+      made.worker.terminate();
+    };
+    spare = made;
+  }, 100);
+}
 
 function codeCache(message: InitMessage): Pick<WorkerInit, "codeCache" | "codeCacheDamaged"> {
   if (codeCacheRead === undefined) {
@@ -179,6 +244,11 @@ function dataChanges(root: string, sent: Map<string, string>): Omit<WorkerData, 
 class Sandbox {
   private worker: Worker | null = null;
   private runningId: number | null = null;
+
+  // A program is running in it.
+  get busy(): boolean {
+    return this.runningId !== null;
+  }
   // Shared with the worker (the layout is in protocol.py), and new for each worker. `signals`:
   // Pyodide polls its first word, where INTERRUPT_SIGNAL raises KeyboardInterrupt; the second is
   // the kill flag. A blocking tool call: the worker sleeps in Atomics.wait until this thread
@@ -317,25 +387,7 @@ class Sandbox {
 
   private startWorker(): Worker {
     const message = this.init;
-    // The worker runs sandboxed code: it gets less than this thread, only what loading Pyodide
-    // and its packages needs, and the network hosts the operator allowed.
-    const read = [new URL(".", import.meta.url).pathname, message.pyodide_dir!];
-    if (message.packages_dir) read.push(message.packages_dir);
-    if (message.snapshot) read.push(message.snapshot);
-    const permissions = {
-      read,
-      net: message.allow_net ? message.allow_net.split(",") : false,
-      env: false,
-      run: false,
-      write: false,
-      ffi: false,
-      sys: false,
-      import: false,
-    } as const;
-    const started = new Worker(new URL("./worker.ts", import.meta.url), {
-      type: "module",
-      deno: { permissions },
-    } as WorkerOptions);
+    const { worker: started, spare } = takeWorker(workerPermissions(message));
     // Only sandboxed code posts here: the worker itself posts on its private port.
     started.onmessage = () => {};
     started.onerror = (event: ErrorEvent) => {
@@ -390,6 +442,7 @@ class Sandbox {
       ...(clean ? { clean } : {}),
       script: runtimeScript() as string, // handle() refuses the sandbox otherwise
       ...codeCache(message),
+      ...(spare ? { spare } : {}),
     };
     this.ranSinceStart = false;
     started.postMessage(init, [channel.port2]);
@@ -407,6 +460,7 @@ class Sandbox {
       } catch {
         kind = undefined;
       }
+      if (kind === "ready") startSpareSoon(workerPermissions(this.init));
       if (this.renewing && (kind === "ready" || kind === "fatal")) {
         this.renewing = false;
         if (kind === "fatal") return this.gone(json, "its replacement worker failed to start");
