@@ -16,7 +16,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from mcp_sandbox.backends.base import Executor, ExecutorHooks, SandboxStartError
+from mcp_sandbox.backends.base import Backend, Executor, ExecutorHooks, SandboxStartError
 from mcp_sandbox.backends.pyodide import PyodideBackend
 from mcp_sandbox.backends.registry import prepare_backend
 from mcp_sandbox.settings import Settings
@@ -243,18 +243,17 @@ async def test_a_pyodide_without_the_point_where_calloc_is_hooked_is_refused_say
     assert "does not fit: calloc hooked in the relocated exports" in str(refused.value), refused.value
 
 
-async def test_a_later_sandbox_reads_only_the_snapshots_pages_after_the_file_is_marked_used(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """The process's first worker reads the snapshot whole and finds its pages; a later one reads
-    those pages only, from the same file, known by its birth time: marking the file used (its
-    modification and change times, cache_files.touch) does not make it another file."""
+async def first_then_later(
+    caplog: pytest.LogCaptureFixture, between: Callable[[Backend, Executor], Awaitable[None]]
+) -> list[str]:
+    """The ready lines of a process's first sandbox and, after `between`, of a later one in the
+    same process, which computes once."""
     caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
     async with anyio.create_task_group() as task_group:
         backend = await prepare_backend(TWO_PER_PROCESS, ExecutorHooks(tools=None), task_group)
         first = await backend.start()
         try:
-            os.utime(backend._snapshot)  # type: ignore[attr-defined]
+            await between(backend, first)
             later = await backend.start()
             assert later.pid == first.pid  # type: ignore[attr-defined]
             assert (await later.run("6 * 7", 60)).result == "42"
@@ -264,6 +263,20 @@ async def test_a_later_sandbox_reads_only_the_snapshots_pages_after_the_file_is_
             task_group.cancel_scope.cancel()
     said = ready_lines(caplog)
     assert len(said) == 2, said
+    return said
+
+
+async def test_a_later_sandbox_reads_only_the_snapshots_pages_after_the_file_is_marked_used(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The process's first worker reads the snapshot whole and finds its pages; a later one reads
+    those pages only, from the same file, known by its birth time: marking the file used (its
+    modification and change times, cache_files.touch) does not make it another file."""
+
+    async def mark_used(backend: Backend, first: Executor) -> None:
+        os.utime(backend._snapshot)  # type: ignore[attr-defined]
+
+    said = await first_then_later(caplog, mark_used)
     assert said[0].endswith(", snapshot read whole") and said[1].endswith(", snapshot read pages"), said
 
 
@@ -279,23 +292,12 @@ async def test_a_later_sandbox_takes_the_worker_its_process_started_ahead(
     """Once a sandbox is ready and its process has room for another, the runner starts the next
     sandbox's worker ahead (runner.ts): a later sandbox then starts with no worker start of its
     own, and counts its start from its init. The first sandbox of a process has none to take."""
-    caplog.set_level(logging.DEBUG, logger="mcp_sandbox.backends.process")
-    async with anyio.create_task_group() as task_group:
-        backend = await prepare_backend(TWO_PER_PROCESS, ExecutorHooks(tools=None), task_group)
-        first = await backend.start()
-        try:
-            assert (await first.run("6 * 7", 60)).result == "42"
-            pid = first.pid  # type: ignore[attr-defined]
-            with anyio.fail_after(30):
-                while workers(pid) < 2:  # the first sandbox's and the one started ahead
-                    await anyio.sleep(0.05)
-            later = await backend.start()
-            assert later.pid == pid  # type: ignore[attr-defined]
-            assert (await later.run("6 * 7", 60)).result == "42"
-            await later.close()
-        finally:
-            await first.close()
-            task_group.cancel_scope.cancel()
-    said = ready_lines(caplog)
-    assert len(said) == 2, said
+
+    async def spare_started(backend: Backend, first: Executor) -> None:
+        assert (await first.run("6 * 7", 60)).result == "42"
+        with anyio.fail_after(30):
+            while workers(first.pid) < 2:  # type: ignore[attr-defined] # the first's and the spare
+                await anyio.sleep(0.05)
+
+    said = await first_then_later(caplog, spare_started)
     assert "(worker start 0," not in said[0] and "(worker start 0," in said[1], said
