@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 from mcp import Client
 
@@ -179,3 +180,41 @@ async def test_two_principals_never_share_a_process(tmp_path: Path) -> None:
         assert set(held) <= set(runners(process.pid)), (held, process_tree(process.pid))
         assert all(len(principals) == 1 for principals in held.values()), f"a process held both: {held}"
         assert len(held) < len(sessions), f"no process hosted two sandboxes: {held}"
+
+
+#: Prints which sandbox runs it (its Deno process and the worker's time origin).
+WHICH = "import js\nprint(js.Deno.pid, js.performance.timeOrigin)\n"
+
+
+async def ready_sandboxes(port: int) -> int:
+    async with httpx.AsyncClient(timeout=5) as http:
+        text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    return next(
+        int(float(line.split()[1]))
+        for line in text.splitlines()
+        if line.startswith("mcp_sandbox_ready_sandboxes ")
+    )
+
+
+async def test_a_recycled_sandbox_goes_back_only_to_the_principal_that_used_it(tmp_path: Path) -> None:
+    """Alice leaves state where a recycle does not look (an object behind one of Deno's lazy
+    getters, docs/clean-sandbox.md); her sandbox, recycled and first in line, is not Bob's next
+    call's: his runs elsewhere and finds nothing."""
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"alice": ALICE, "bob": BOB}), encoding="utf-8")
+    tokens.chmod(0o600)
+    env = {"MCP_SANDBOX_POOL_SIZE": "2", "MCP_SANDBOX_AUTH_TOKENS_FILE": str(tokens)}
+    async with (
+        http_server(**env) as (port, _),
+        as_caller(port, ALICE) as alice,
+        as_caller(port, BOB) as bob,
+    ):
+        planted = await call(alice, WHICH + "js.eval(\"navigator.rtLeak = 'ALICE'\")")
+        assert planted["success"], planted
+        with anyio.fail_after(30):  # her sandbox, recycled, back in the pool first in line
+            while await ready_sandboxes(port) < 2:
+                await anyio.sleep(0.02)
+        probe = await call(bob, WHICH + "str(js.eval('String(navigator.rtLeak)'))")
+        assert probe["success"], probe
+        assert probe["stdout"] != planted["stdout"], "Bob's call ran in Alice's used sandbox"
+        assert probe["result"] == "'undefined'", probe
