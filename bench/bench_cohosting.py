@@ -523,12 +523,14 @@ async def starts(per_process: int, packages: Path, log: Path, counts: Counts) ->
                     for i in range(counts.per_round):
                         if i:
                             await anyio.sleep(IDLE_S)
+                        if i and len(live) == per_process - 1:
+                            # With room left the process holds the worker it starts ahead, as it
+                            # did with one sandbox: the difference is the sandboxes' own.
+                            marginal_pss.append((memory_kb(pid)[0] / 1024 - first_pss[-1]) / (len(live) - 1))
                         executor, elapsed = await started(backend.start, live)
                         if executor.pid != pid:  # type: ignore[attr-defined]
                             raise RuntimeError("a sandbox started in a new process while this one had room")
                         in_process.append(elapsed)
-                    await anyio.sleep(IDLE_S)
-                    marginal_pss.append((memory_kb(pid)[0] / 1024 - first_pss[-1]) / counts.per_round)
                 await close(list(live))
                 await anyio.sleep(IDLE_S)
         finally:
