@@ -331,12 +331,17 @@ function ownerOf(target: object | undefined, name: string): Record<PropertyKey, 
   return undefined;
 }
 
+// The getter of `name` as `target` has it (own or inherited), if it is an accessor.
+function getterOf(target: object | undefined, name: string): (() => unknown) | undefined {
+  const owner = ownerOf(target, name);
+  return owner ? Object.getOwnPropertyDescriptor(owner, name)?.get : undefined;
+}
+
 // Deno's and Node's exit codes, read through getters taken before any program: one a program set
 // would be the process's (and the next caller's to read).
 const exitCodeReaders = ([["Deno", "exitCode"], ["process", "exitCode"]] as const).map(([global, name]) => {
   const target = (globalThis as unknown as Record<string, object | undefined>)[global];
-  const owner = ownerOf(target, name);
-  const get = owner ? Object.getOwnPropertyDescriptor(owner, name)?.get : undefined;
+  const get = getterOf(target, name);
   return get ? () => apply(get, target, []) : () => undefined;
 });
 
@@ -346,14 +351,6 @@ function exitCodes(): unknown[] {
 
 // The event handlers a program could replace to read the next call's messages.
 const HANDLERS = ["onmessage", "onmessageerror", "onerror", "onunhandledrejection", "onrejectionhandled"];
-
-function handlerGetter(name: string): (() => unknown) | undefined {
-  for (let target: object | null = globalThis; target; target = Object.getPrototypeOf(target)) {
-    const descriptor = Object.getOwnPropertyDescriptor(target, name);
-    if (descriptor) return descriptor.get;
-  }
-  return undefined;
-}
 
 // One walk of the realm: every object reachable from the roots by own properties and
 // prototypes, with what each property holds. Typed arrays and buffers are data, not code. Kept
@@ -704,7 +701,7 @@ export class CleanState {
     this.files = fileTree(FS, "/", this.skipped);
     this.streams = new Set(FS.streams.flatMap((stream, fd) => (stream ? [fd] : [])));
     this.cwd = FS.cwd();
-    this.onmessage = handlerGetter("onmessage")?.call(globalThis);
+    this.onmessage = getterOf(globalThis, "onmessage")?.call(globalThis);
     this.exitCodes = exitCodes();
     this.suspendedStacks = suspendedStacks;
     // Proxies that Python objects get during a run register with Pyodide's finalizer; after the
@@ -800,9 +797,11 @@ export class CleanState {
     }
     if (this.cleanSlotsChanged()) return "it changed the function table (a C callback)";
     if (exitCodes().some((code, i) => !same(code, this.exitCodes[i]))) return "it set the process's exit code";
-    if (handlerGetter("onmessage")?.call(globalThis) !== this.onmessage) return "its message handler was replaced";
+    if (getterOf(globalThis, "onmessage")?.call(globalThis) !== this.onmessage) {
+      return "its message handler was replaced";
+    }
     for (const name of HANDLERS.slice(1)) {
-      if (handlerGetter(name)?.call(globalThis)) return `it set ${name}`;
+      if (getterOf(globalThis, name)?.call(globalThis)) return `it set ${name}`;
     }
     const change = realmChange(this.realm);
     return change === null ? null : `its JavaScript realm changed: ${change}`;

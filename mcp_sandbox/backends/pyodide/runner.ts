@@ -244,11 +244,6 @@ function dataChanges(root: string, sent: Map<string, string>): Omit<WorkerData, 
 class Sandbox {
   private worker: Worker | null = null;
   private runningId: number | null = null;
-
-  // A program is running in it.
-  get busy(): boolean {
-    return this.runningId !== null;
-  }
   // Shared with the worker (the layout is in protocol.py), and new for each worker. `signals`:
   // Pyodide polls its first word, where INTERRUPT_SIGNAL raises KeyboardInterrupt; the second is
   // the kill flag. A blocking tool call: the worker sleeps in Atomics.wait until this thread
@@ -383,6 +378,11 @@ class Sandbox {
     } catch (error) {
       this.sendMessage({ type: "progress", line: `data/ could not be refreshed: ${error}` });
     }
+  }
+
+  // A program is running in it.
+  get busy(): boolean {
+    return this.runningId !== null;
   }
 
   private startWorker(): Worker {

@@ -166,14 +166,14 @@ function postRunnerMessage(id: number | null, message: RunnerMessage, exiting = 
   post(id, JSON.stringify(message), exiting);
 }
 
-// A blocking tool call: post it, then sleep in Atomics.wait until the main thread has the
-// reply in shared memory (see runner.ts and protocol.py).
 // Taken before any program (a method replaced behind Deno's lazy TextDecoder getter, which the
 // recycle's walk does not follow, would read the next caller's tool replies).
 const decoder = new TextDecoder();
 const decodeText = TextDecoder.prototype.decode;
 const applyTo = Reflect.apply;
 
+// A blocking tool call: post it, then sleep in Atomics.wait until the main thread has the
+// reply in shared memory (see runner.ts and protocol.py).
 function blockOnToolCall(call: number, message: string): string {
   if (Atomics.load(state.signals, SIGNAL_INTERRUPT) !== 0) {
     // Interrupted already (the deadline passed inside C code): the call is never made.
