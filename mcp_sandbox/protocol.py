@@ -29,8 +29,9 @@ open. Closing the runner's stdin asks it to exit.
     close        (Pyodide) end this sandbox ended     (Pyodide) this sandbox is gone
 
 Runner <-> worker (Pyodide only). The Deno runner's main thread (runner.ts) owns stdin/stdout
-and hosts Pyodide in a less-permitted Worker (worker.ts). Main -> worker: ``WorkerInit``,
-``WorkerData``, and the host's ``run``, ``jit_warm_up`` and ``tool_result`` as they came.
+and hosts Pyodide in a less-permitted Worker (worker.ts). Main -> worker: ``WorkerInit`` (after
+``WorkerAhead`` to a worker started ahead), ``WorkerData``, and the host's ``run``,
+``jit_warm_up`` and ``tool_result`` as they came.
 Worker -> main: ``WorkerPost``, whose ``json`` is a RunnerMessage the main thread forwards.
 Sandboxed code can listen to and post on that channel too, so what must not be forged or seen
 (recycle, checkpoint, restore) goes over a private ``MessagePort`` instead (``control`` in
@@ -712,15 +713,27 @@ class WorkerInit(TypedDict):
     #: The process's clean memory, shared: a worker whose clean point has the same fingerprint and
     #: whose memory differs from it in a few pages only (its start's timestamps) adopts it.
     clean: NotRequired[WorkerCleanMemory]
+    #: Pyodide's runtime script and its code cache, as WorkerAhead gives them: absent for a worker
+    #: started ahead, which had them in its WorkerAhead.
+    script: NotRequired[str]
+    codeCache: NotRequired[Uint8Array]
+    codeCacheDamaged: NotRequired[bool]
+    #: The worker was started ahead, before this sandbox needed it (runner.ts): its start, and its
+    #: ``load_ms``, count from this message.
+    spare: NotRequired[bool]
+
+
+class WorkerAhead(TypedDict):
+    """What every sandbox's worker starts from, sent to a worker started ahead as it is made
+    (runner.ts): it runs Pyodide's runtime script then, before any sandbox waits for it."""
+
+    type: Literal["ahead"]
     #: Pyodide's runtime script as rewrites.ts makes it (pyodideScript), once per runner process.
     script: str
     #: V8's code cache of Pyodide's runtime script (script.ts), read from InitMessage.code_cache;
     #: ``codeCacheDamaged`` when that file is not the one the host made, and none is given.
     codeCache: NotRequired[Uint8Array]
     codeCacheDamaged: NotRequired[bool]
-    #: The worker was started ahead, before this sandbox needed it (runner.ts): its start, and its
-    #: ``load_ms``, count from this message.
-    spare: NotRequired[bool]
 
 
 class DataFile(TypedDict):
@@ -816,7 +829,7 @@ class WorkerWarmedUp(TypedDict):
     warmedUp: Literal[True]
 
 
-WorkerMessage = WorkerInit | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage
+WorkerMessage = WorkerInit | WorkerAhead | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage
 
 
 class WorkerPost(TypedDict):

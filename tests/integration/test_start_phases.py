@@ -290,8 +290,9 @@ async def test_a_later_sandbox_takes_the_worker_its_process_started_ahead(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Once a sandbox is ready and its process has room for another, the runner starts the next
-    sandbox's worker ahead (runner.ts): a later sandbox then starts with no worker start of its
-    own, and counts its start from its init. The first sandbox of a process has none to take."""
+    sandbox's worker ahead (runner.ts), which runs Pyodide's runtime script from the code cache
+    then (WorkerAhead): a later sandbox starts with neither of its own, and counts its start from
+    its init. The first sandbox of a process has none to take."""
 
     async def spare_started(backend: Backend, first: Executor) -> None:
         assert (await first.run("6 * 7", 60)).result == "42"
@@ -301,3 +302,5 @@ async def test_a_later_sandbox_takes_the_worker_its_process_started_ahead(
 
     said = await first_then_later(caplog, spare_started)
     assert "(worker start 0," not in said[0] and "(worker start 0," in said[1], said
+    assert "pyodide.asm.js" in said[0] and "pyodide.asm.js" not in said[1], said
+    assert "code cache used" in said[1], said

@@ -265,10 +265,17 @@ export type WorkerInit = {
   memoryMaxBytes?: number;
   module?: WebAssembly.Module;
   clean?: WorkerCleanMemory;
-  script: string;
+  script?: string;
   codeCache?: Uint8Array;
   codeCacheDamaged?: boolean;
   spare?: boolean;
+};
+
+export type WorkerAhead = {
+  type: "ahead";
+  script: string;
+  codeCache?: Uint8Array;
+  codeCacheDamaged?: boolean;
 };
 
 export type DataFile = {
@@ -355,6 +362,7 @@ export type SnapshotPages = {
 
 export type WorkerMessage =
   | WorkerInit
+  | WorkerAhead
   | WorkerData
   | RunMessage
   | JitWarmUpMessage

@@ -37,6 +37,7 @@ import {
   SYNC_REPLY_MAX_BYTES,
   SYNC_REPLY_READY,
   SYNC_STATE,
+  type WorkerAhead,
   type WorkerCleanMemory,
   type WorkerData,
   type WorkerInit,
@@ -129,8 +130,9 @@ function newWorker(permissions: Permissions): Worker {
 
 // A worker started ahead for the process's next sandbox, while the process has room and no run
 // waits on its thread: Deno's worker runtime and the modules (30-40 ms, and 11-15 ms of this
-// thread's) are then done before anyone needs them. It runs nothing but its modules until a
-// sandbox's init reaches it, and is used only with the permissions it was made with.
+// thread's), and Pyodide's runtime script (WorkerAhead, 15-20 ms with its delivery), are then done
+// before anyone needs them. It runs nothing else until a sandbox's init reaches it, and is used
+// only with the permissions it was made with.
 let spare: { worker: Worker; permissions: string } | null = null;
 let spareTimer: ReturnType<typeof setTimeout> | undefined;
 
@@ -144,14 +146,15 @@ function takeWorker(permissions: Permissions): { worker: Worker; spare: boolean 
 
 // Starts the spare soon, once no sandbox of the process is running a program (a start blocks this
 // thread 11-15 ms, which would delay a run's messages); retried while they are, for a few seconds.
-function startSpareSoon(permissions: Permissions, tries = 50): void {
+function startSpareSoon(message: InitMessage, tries = 50): void {
   clearTimeout(spareTimer);
   spareTimer = setTimeout(() => {
     if (spare !== null || sandboxes.size === 0 || sandboxes.size >= CAPACITY) return;
     if ([...sandboxes.values()].some((sandbox) => sandbox.busy)) {
-      if (tries > 1) startSpareSoon(permissions, tries - 1);
+      if (tries > 1) startSpareSoon(message, tries - 1);
       return;
     }
+    const permissions = workerPermissions(message);
     const made = { worker: newWorker(permissions), permissions: JSON.stringify(permissions) };
     // One that fails to load is dropped, and a sandbox starts a worker of its own.
     made.worker.onerror = (event: ErrorEvent) => {
@@ -159,8 +162,15 @@ function startSpareSoon(permissions: Permissions, tries = 50): void {
       if (spare === made) spare = null;
       made.worker.terminate();
     };
+    made.worker.postMessage({ type: "ahead", ...startingScript(message) } satisfies WorkerAhead);
     spare = made;
   }, 100);
+}
+
+// What every worker starts from: Pyodide's runtime script, once a sandbox of the process has started
+// (handle() refuses the sandbox otherwise), and its code cache.
+function startingScript(message: InitMessage): Omit<WorkerAhead, "type"> {
+  return { script: runtimeScript() as string, ...codeCache(message) };
 }
 
 function codeCache(message: InitMessage): Pick<WorkerInit, "codeCache" | "codeCacheDamaged"> {
@@ -440,9 +450,8 @@ class Sandbox {
       ...(message.snapshot ? { snapshot: message.snapshot } : {}),
       ...(message.preload ? { preload: message.preload } : {}),
       ...(clean ? { clean } : {}),
-      script: runtimeScript() as string, // handle() refuses the sandbox otherwise
-      ...codeCache(message),
-      ...(spare ? { spare } : {}),
+      // A worker started ahead has run the script already (WorkerAhead).
+      ...(spare ? { spare } : startingScript(message)),
     };
     this.ranSinceStart = false;
     started.postMessage(init, [channel.port2]);
@@ -460,7 +469,7 @@ class Sandbox {
       } catch {
         kind = undefined;
       }
-      if (kind === "ready") startSpareSoon(workerPermissions(this.init));
+      if (kind === "ready") startSpareSoon(this.init);
       if (this.renewing && (kind === "ready" || kind === "fatal")) {
         this.renewing = false;
         if (kind === "fatal") return this.gone(json, "its replacement worker failed to start");

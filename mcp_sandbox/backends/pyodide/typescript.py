@@ -81,6 +81,7 @@ TYPES = (
     "RestoredMessage",
     "RunnerMessage",
     "WorkerInit",
+    "WorkerAhead",
     "DataFile",
     "WorkerData",
     "WorkerRecycle",

@@ -31,6 +31,7 @@ import {
   SYNC_REPLY_READY,
   SYNC_STATE,
   SYNC_WAITING,
+  type WorkerAhead,
   type WorkerCheckpoint,
   type WorkerCleanMemory,
   type WorkerData,
@@ -110,6 +111,9 @@ type WorkerState = {
   // (a recycle goes back to them).
   loadedWheels: Set<string>;
   cleanWheels: Set<string>;
+
+  // Pyodide's runtime script, run before init by a worker started ahead (WorkerAhead), or why not.
+  ahead?: RanScript | Error;
 
   // -- Messages and the JIT warm-up --
   // init, data and run are handled one after another, in order (enqueue).
@@ -440,6 +444,24 @@ async function loadImports(code: string): Promise<string[]> {
   return problems.map((text) => `package loading: ${scrub(text)}`);
 }
 
+type CacheOutcome = "used" | "refused" | "damaged";
+type RanScript = { cache?: CacheOutcome };
+
+// Pyodide's runtime script run here rather than by loadPyodide, so that its module factory can be
+// wrapped (instance.ts), and what became of the code cache it was given.
+async function runScript(given: Partial<Omit<WorkerAhead, "type">>): Promise<RanScript> {
+  if (given.script === undefined) throw new Error("Pyodide's runtime script was sent neither ahead nor with init");
+  const cache = given.codeCache;
+  // `given` may live as long as the worker: the script's and the cache's 1 MB each need not.
+  delete given.codeCache;
+  // A module's exports are objects the realm walk does not reach: one a program changed would
+  // be the next caller's (the Node built-ins are shared by every import of them).
+  const script = await runPyodideScript(given.script, cache, () => taint("it imported a JavaScript module"));
+  delete given.script;
+  if (given.codeCacheDamaged) return { cache: "damaged" };
+  return cache ? { cache: script.cacheRejected ? "refused" : "used" } : {};
+}
+
 async function init(message: WorkerInit): Promise<void> {
   const started = performance.now();
   // From the worker's creation (its time origin) to here: Deno's worker runtime and the modules;
@@ -455,22 +477,17 @@ async function init(message: WorkerInit): Promise<void> {
   const { packagesDir: packages, snapshot } = message;
   let snapshotPages: SnapshotPages | undefined; // found by this worker's restore, if it reads it whole
   let hooked: Hooked | undefined;
-  let cacheOutcome: "used" | "refused" | "damaged" | undefined = message.codeCacheDamaged ? "damaged" : undefined;
+  let cacheOutcome: CacheOutcome | undefined;
   const opened = snapshot
     ? openSnapshot(snapshot, message.clean?.snapshot, (found) => snapshotPages = found)
     : undefined;
   step("snapshot read");
   state.signals = message.signals as Int32Array;
   try {
-    // Run here rather than by loadPyodide, so its module factory can be wrapped (instance.ts).
-    const given = message.codeCache;
-    delete message.codeCache; // `message` lives as long as the worker: the 1 MB need not
-    // A module's exports are objects the realm walk does not reach: one a program changed would
-    // be the next caller's (the Node built-ins are shared by every import of them).
-    const script = await runPyodideScript(message.script, given, () => taint("it imported a JavaScript module"));
-    message.script = ""; // as the cache: 1 MB
-    if (given) cacheOutcome = script.cacheRejected ? "refused" : "used";
-    step("pyodide.asm.js");
+    const ran = state.ahead ?? await runScript(message);
+    if (ran instanceof Error) throw ran;
+    cacheOutcome = ran.cache;
+    if (state.ahead === undefined) step("pyodide.asm.js");
     hooked = hookInstance({
       maxBytes: message.memoryMaxBytes,
       signals: state.signals,
@@ -911,6 +928,13 @@ async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }> |
         postRunnerMessage(null, { type: "fatal", message: `Pyodide failed to load: ${error}` });
       }
       break;
+    case "ahead":
+      // Its modules' garbage first: the last-resort collection would drop the script's code too.
+      collectGarbage();
+      state.ahead = await runScript(message).catch((error) =>
+        error instanceof Error ? error : new Error(String(error))
+      );
+      break;
     case "data":
       applyData(message);
       break;
@@ -948,7 +972,10 @@ self.onmessage = (event: MessageEvent<WorkerMessage>) => {
   if (message.type === "tool_result") {
     // Before init, it answers a call of the worker this one replaced: nobody is waiting for it.
     if (state.deliver !== undefined) state.deliver(state.channel, message.call, message.reply);
-  } else if (message.type === "init") {
+  } else if (message.type === "init" || message.type === "ahead") {
+    // Only before the init: after it, such a message is a program's, calling this handler itself.
+    if (state.control !== undefined) return;
+    if (message.type === "ahead") return enqueue(message);
     // Taken before any sandboxed code runs, and kept only here (see ControlRequest in protocol.py).
     state.control = message.control;
     state.control.onmessage = (request: MessageEvent<ControlRequest>) => {
@@ -960,8 +987,3 @@ self.onmessage = (event: MessageEvent<WorkerMessage>) => {
     enqueue(message);
   }
 };
-
-// A worker started ahead (runner.ts) idles until a sandbox needs it: without its modules' garbage.
-hostSetTimeout(() => {
-  if (state.control === undefined) collectGarbage();
-}, 50);
