@@ -867,8 +867,12 @@ export class CleanState {
     const wordsPerPage = PAGE / 4;
     for (let i = 0; i < zero.length; i++) {
       const first = zero[i] * wordsPerPage;
-      for (let word = first; word < first + wordsPerPage; word++) {
-        if (words[word] !== 0) {
+      // Eight words a test: word by word, the loop took 1.45 ms of a recycle, this way 1.0.
+      for (let word = first; word < first + wordsPerPage; word += 8) {
+        if (
+          (words[word] | words[word + 1] | words[word + 2] | words[word + 3] | words[word + 4] | words[word + 5] |
+            words[word + 6] | words[word + 7]) !== 0
+        ) {
           apply(typedArrayFill, heap, [0, zero[i] * PAGE, (zero[i] + 1) * PAGE]);
           break;
         }
