@@ -304,3 +304,33 @@ async def test_a_later_sandbox_takes_the_worker_its_process_started_ahead(
     assert "(worker start 0," not in said[0] and "(worker start 0," in said[1], said
     assert "pyodide.asm.js" in said[0] and "pyodide.asm.js" not in said[1], said
     assert "code cache used" in said[1], said
+
+
+#: A program calling the worker's own message handler with what only the runner sends before a
+#: sandbox starts: a runtime script to run ahead, and an init.
+FORGED_START = """
+import js
+js.eval(
+    "onmessage({data: {type: 'ahead', script: 'globalThis.rtAhead = 1'}});"
+    "onmessage({data: {type: 'init', control: {}}})"
+)
+'sent'
+"""
+
+
+async def test_a_worker_takes_a_script_ahead_and_an_init_only_before_its_init() -> None:
+    """Once a worker has had its init, an init or a script sent ahead can only be a program's,
+    calling the worker's handler itself: neither runs, and the sandbox still recycles and runs."""
+    async with anyio.create_task_group() as task_group:
+        backend = await prepare_backend(TWO_PER_PROCESS, ExecutorHooks(tools=None), task_group)
+        executor = await backend.start()
+        try:
+            forged = await executor.run(FORGED_START, 60)
+            assert forged.result == "'sent'", forged
+            ran = await executor.run("import js\njs.eval('typeof globalThis.rtAhead')", 60)
+            assert ran.result == "'undefined'", ran
+            assert await executor.recycle() is None
+            assert (await executor.run("6 * 7", 60)).result == "42"
+        finally:
+            await executor.close()
+            task_group.cancel_scope.cancel()
