@@ -29,14 +29,15 @@ open. Closing the runner's stdin asks it to exit.
     close        (Pyodide) end this sandbox ended     (Pyodide) this sandbox is gone
 
 Runner <-> worker (Pyodide only). The Deno runner's main thread (runner.ts) owns stdin/stdout
-and hosts Pyodide in a less-permitted Worker (worker.ts). Main -> worker: ``WorkerInit`` (after
-``WorkerAhead`` to a worker started ahead), ``WorkerData``, and the host's ``run``,
-``jit_warm_up`` and ``tool_result`` as they came.
-Worker -> main: ``WorkerPost``, whose ``json`` is a RunnerMessage the main thread forwards.
-Sandboxed code can listen to and post on that channel too, so what must not be forged or seen
-(recycle, checkpoint, restore) goes over a private ``MessagePort`` instead (``control`` in
-``WorkerInit``), which only the worker's own module holds: ``ControlRequest`` one way,
-``ControlAnswer`` the other.
+and hosts Pyodide in a less-permitted Worker (worker.ts). On the worker's own channel the main
+thread sends ``WorkerAhead`` (to a worker started ahead) and ``WorkerInit``, which hands over a
+private ``MessagePort`` (``control``) that only the worker's own module holds. Everything else
+goes over that port: ``ControlRequest`` one way (``WorkerData``, the host's ``run``,
+``jit_warm_up`` and ``tool_result`` as they came, and recycle, checkpoint, restore, kill);
+``WorkerPost`` (whose ``json`` is a RunnerMessage the main thread forwards), ``ControlAnswer``
+and the worker's hand-overs the other. Sandboxed code can listen to, post on and dispatch to the
+worker's own channel, so the main thread never reads it and the worker reads it only until its
+init: nothing sent there later is the runner's.
 
 A blocking tool call uses shared memory: the worker posts the tool_call with ``syncCall`` set, then
 sleeps in ``Atomics.wait(syncState, SYNC_STATE, SYNC_WAITING)``; the main thread writes the
@@ -793,11 +794,20 @@ class WorkerKill(TypedDict):
     id: int
 
 
-ControlRequest = WorkerRecycle | WorkerCheckpoint | WorkerRestore | WorkerKill
+ControlRequest = (
+    WorkerRecycle
+    | WorkerCheckpoint
+    | WorkerRestore
+    | WorkerKill
+    | WorkerData
+    | RunMessage
+    | JitWarmUpMessage
+    | ToolResultMessage
+)
 
 
 class ControlAnswer(TypedDict):
-    """The worker's answer to the ControlRequest in progress (one at a time)."""
+    """The worker's answer to the recycle, checkpoint or restore in progress (one at a time)."""
 
     json: str
     blob: NotRequired[Uint8Array]
@@ -829,7 +839,8 @@ class WorkerWarmedUp(TypedDict):
     warmedUp: Literal[True]
 
 
-WorkerMessage = WorkerInit | WorkerAhead | WorkerData | RunMessage | JitWarmUpMessage | ToolResultMessage
+#: What the worker reads on its own channel, only until its init.
+WorkerMessage = WorkerInit | WorkerAhead
 
 
 class WorkerPost(TypedDict):

@@ -306,29 +306,53 @@ async def test_a_later_sandbox_takes_the_worker_its_process_started_ahead(
     assert "code cache used" in said[1], said
 
 
-#: A program calling the worker's own message handler with what only the runner sends before a
-#: sandbox starts: a runtime script to run ahead, and an init.
-FORGED_START = """
+#: A program posting to the worker's own channel what the runner sends there (a runtime script to
+#: run ahead, an init) and what it sends on the private port (runs, data/ files), by calling the
+#: worker's message handler and by dispatching a message event to it. Keeps the forged script's
+#: message.
+FORGED_MESSAGES = """
 import js
-js.eval(
-    "onmessage({data: {type: 'ahead', script: 'globalThis.rtAhead = 1'}});"
-    "onmessage({data: {type: 'init', control: {}}})"
-)
+forged_ahead = js.eval('''(() => {
+  const ahead = { type: "ahead", script: "globalThis.rtAhead = 1", codeCache: new Uint8Array(1) };
+  onmessage({ data: ahead });
+  onmessage({ data: { type: "init", control: {} } });
+  onmessage({ data: { type: "run", id: 9001, code: "rt_forged_run = 1" } });
+  const files = [{ path: "planted.txt", bytes: new Uint8Array([65]) }];
+  onmessage({ data: { type: "data", files, removed: [] } });
+  const run = { type: "run", id: 9002, code: "rt_dispatched_run = 1" };
+  dispatchEvent(new MessageEvent("message", { data: run }));
+  return ahead;
+})()''')
 'sent'
 """
 
+#: What the forged messages would have left, had the worker taken them.
+LEFT_BY_FORGED = """
+import os
+[
+    js.eval("typeof globalThis.rtAhead"),
+    # Running the script ahead takes the cache off its message first.
+    js.Reflect.has(forged_ahead, "codeCache"),
+    "rt_forged_run" in globals(),
+    "rt_dispatched_run" in globals(),
+    os.path.exists("data/planted.txt"),
+]
+"""
 
-async def test_a_worker_takes_a_script_ahead_and_an_init_only_before_its_init() -> None:
-    """Once a worker has had its init, an init or a script sent ahead can only be a program's,
-    calling the worker's handler itself: neither runs, and the sandbox still recycles and runs."""
+
+async def test_a_worker_reads_its_own_channel_only_until_its_init() -> None:
+    """After its init, a worker takes nothing from its own channel: a program can post and
+    dispatch to it, or call its handler, so a script to run ahead, an init or a run sent there
+    is a program's. The runner sends runs, data and everything else on the private port."""
     async with anyio.create_task_group() as task_group:
         backend = await prepare_backend(TWO_PER_PROCESS, ExecutorHooks(tools=None), task_group)
         executor = await backend.start()
         try:
-            forged = await executor.run(FORGED_START, 60)
+            forged = await executor.run(FORGED_MESSAGES, 60)
             assert forged.result == "'sent'", forged
-            ran = await executor.run("import js\njs.eval('typeof globalThis.rtAhead')", 60)
-            assert ran.result == "'undefined'", ran
+            left = await executor.run(LEFT_BY_FORGED, 60)
+            assert left.result == "['undefined', True, False, False, False]", left
+            assert (await executor.run("del forged_ahead", 60)).success
             assert await executor.recycle() is None
             assert (await executor.run("6 * 7", 60)).result == "42"
         finally:

@@ -323,7 +323,11 @@ export type ControlRequest =
   | WorkerRecycle
   | WorkerCheckpoint
   | WorkerRestore
-  | WorkerKill;
+  | WorkerKill
+  | WorkerData
+  | RunMessage
+  | JitWarmUpMessage
+  | ToolResultMessage;
 
 export type ControlAnswer = {
   json: string;
@@ -362,11 +366,7 @@ export type SnapshotPages = {
 
 export type WorkerMessage =
   | WorkerInit
-  | WorkerAhead
-  | WorkerData
-  | RunMessage
-  | JitWarmUpMessage
-  | ToolResultMessage;
+  | WorkerAhead;
 
 export type WorkerPost = {
   id: number | null;

@@ -41,7 +41,6 @@ import {
   type WorkerCleanMemory,
   type WorkerData,
   type WorkerInit,
-  type WorkerMessage,
   type WorkerModule,
   type WorkerPost,
   type WorkerRecycled,
@@ -376,14 +375,14 @@ class Sandbox {
     this.sendMessage({ type: "crashed", id, message, renewed: true, recycled: true });
   }
 
-  private sendData(target: Worker): void {
+  private sendData(): void {
     const root = this.init.data_dir;
     if (!root) return;
     try {
       const { files, removed } = dataChanges(root, this.sentData);
       if (files.length || removed.length) {
         const message: WorkerData = { type: "data", files, removed };
-        target.postMessage(message, files.map((file) => file.bytes.buffer as ArrayBuffer));
+        this.control?.postMessage(message, files.map((file) => file.bytes.buffer as ArrayBuffer));
       }
     } catch (error) {
       this.sendMessage({ type: "progress", line: `data/ could not be refreshed: ${error}` });
@@ -455,7 +454,7 @@ class Sandbox {
     };
     this.ranSinceStart = false;
     started.postMessage(init, [channel.port2]);
-    this.sendData(started);
+    this.sendData();
     return started;
   }
 
@@ -499,8 +498,8 @@ class Sandbox {
     send(this.number, json);
   }
 
-  private toWorker(message: WorkerMessage): void {
-    this.worker?.postMessage(message);
+  private toWorker(message: ControlRequest): void {
+    this.control?.postMessage(message);
   }
 
   handle(message: HostMessage): void {
@@ -512,7 +511,7 @@ class Sandbox {
         // interrupt has arrived (behind a data sync or a warm-up round), and must still see it.
         Atomics.store(this.signals, SIGNAL_INTERRUPT, 0);
         Atomics.store(this.signals, SIGNAL_KILL, 0);
-        if (this.worker) this.sendData(this.worker);
+        this.sendData();
         this.toWorker(message);
         break;
       case "jit_warm_up":
@@ -541,7 +540,7 @@ class Sandbox {
         // in an await, ends the run when the kill reaches its event loop.
         if (this.runningId === message.id) {
           this.stopRun(true);
-          this.control?.postMessage({ type: "kill", id: message.id });
+          this.toWorker({ type: "kill", id: message.id });
         }
         break;
       case "tool_result":

@@ -919,7 +919,9 @@ function kill(id: number): void {
 // init, data and run are handled one after another, in order; a tool_result must not wait
 // behind the run that is waiting for it, so it is handled at once.
 
-async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }> | ControlRequest): Promise<void> {
+type Queued = WorkerMessage | Exclude<ControlRequest, { type: "kill" | "tool_result" }>;
+
+async function handle(message: Queued): Promise<void> {
   switch (message.type) {
     case "init":
       try {
@@ -931,9 +933,15 @@ async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }> |
     case "ahead":
       // Its modules' garbage first: the last-resort collection would drop the script's code too.
       collectGarbage();
-      state.ahead = await runScript(message).catch((error) =>
-        error instanceof Error ? error : new Error(String(error))
-      );
+      try {
+        state.ahead = await runScript(message);
+      } catch (error) {
+        const failed = state.ahead = error instanceof Error ? error : new Error(String(error));
+        // Uncaught, it reaches the runner as this worker's error: a spare no sandbox took is dropped.
+        hostSetTimeout(() => {
+          throw failed;
+        }, 0);
+      }
       break;
     case "data":
       applyData(message);
@@ -957,7 +965,7 @@ async function handle(message: Exclude<WorkerMessage, { type: "tool_result" }> |
   }
 }
 
-function enqueue(message: Exclude<WorkerMessage, { type: "tool_result" }> | ControlRequest): void {
+function enqueue(message: Queued): void {
   state.waiting++;
   state.queue = state.queue.then(() => handle(message)).catch((error) => {
     postRunnerMessage(null, { type: "progress", line: `sandbox set-up failed: ${error}` });
@@ -967,23 +975,25 @@ function enqueue(message: Exclude<WorkerMessage, { type: "tool_result" }> | Cont
   });
 }
 
+// The worker's own channel carries a script to run ahead and the init, and nothing after: sandboxed
+// code can post and dispatch to it, or call this handler, so what comes later is a program's.
 self.onmessage = (event: MessageEvent<WorkerMessage>) => {
+  if (state.control !== undefined) return;
   const message = event.data;
-  if (message.type === "tool_result") {
-    // Before init, it answers a call of the worker this one replaced: nobody is waiting for it.
-    if (state.deliver !== undefined) state.deliver(state.channel, message.call, message.reply);
-  } else if (message.type === "init" || message.type === "ahead") {
-    // Only before the init: after it, such a message is a program's, calling this handler itself.
-    if (state.control !== undefined) return;
-    if (message.type === "ahead") return enqueue(message);
-    // Taken before any sandboxed code runs, and kept only here (see ControlRequest in protocol.py).
-    state.control = message.control;
-    state.control.onmessage = (request: MessageEvent<ControlRequest>) => {
-      if (request.data.type === "kill") kill(request.data.id);
-      else enqueue(request.data);
-    };
-    enqueue(message);
-  } else {
-    enqueue(message);
-  }
+  if (message.type === "ahead") return enqueue(message);
+  if (message.type !== "init") return;
+  // Taken before any sandboxed code runs, and kept only here (see ControlRequest in protocol.py).
+  state.control = message.control;
+  state.control.onmessage = (request: MessageEvent<ControlRequest>) => {
+    const data = request.data;
+    if (data.type === "kill") {
+      kill(data.id);
+    } else if (data.type === "tool_result") {
+      // Before init, it answers a call of the worker this one replaced: nobody is waiting for it.
+      if (state.deliver !== undefined) state.deliver(state.channel, data.call, data.reply);
+    } else {
+      enqueue(data);
+    }
+  };
+  enqueue(message);
 };
