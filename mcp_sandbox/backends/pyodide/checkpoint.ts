@@ -17,6 +17,8 @@ import {
   type CleanShape,
   type CleanState,
   copyInto,
+  decode,
+  encode,
   MAX_CLEAN_DRIFT_PAGES,
   PAGE,
   tableLength,
@@ -61,17 +63,6 @@ type Header = {
 export type CheckpointOutcome =
   | { saved: true; blob: Uint8Array; lost: string[] }
   | { saved: false; reason: string };
-
-// Taken before any program: TextEncoder and TextDecoder are behind Deno's lazy getters, which the
-// recycle's walk does not follow, so a method a program replaced there could outlive the recycle
-// and read a later caller's checkpoint.
-const encoder = new TextEncoder();
-const decoder = new TextDecoder();
-const apply = Reflect.apply;
-const encodeText = TextEncoder.prototype.encode;
-const decodeText = TextDecoder.prototype.decode;
-const encode = (text: string): Uint8Array => apply(encodeText, encoder, [text]);
-const decode = (bytes: Uint8Array): string => apply(decodeText, decoder, [bytes]);
 
 // The clean memory is read by index only, through `clean.memoryWords` (recycle.ts's Bytes).
 function hashPages(words: Int32Array, count: number): { hashes: Int32Array; bytes: Uint8Array } {

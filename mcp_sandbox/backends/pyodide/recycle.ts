@@ -78,6 +78,16 @@ const typedArraySet = typedArray.set;
 const typedArraySubarray = typedArray.subarray;
 const typedArrayFill = typedArray.fill;
 
+// Text to UTF-8 and back, as the intrinsics: TextEncoder and TextDecoder are behind Deno's lazy
+// getters, which the realm walk does not follow, so a method a program replaced there would
+// outlive the recycle (and read a later caller's tool replies or checkpoint).
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+const encodeText = TextEncoder.prototype.encode;
+const decodeText = TextDecoder.prototype.decode;
+export const encode = (text: string): Uint8Array => apply(encodeText, encoder, [text]);
+export const decode = (bytes: Uint8Array): string => apply(decodeText, decoder, [bytes]);
+
 // `target.set(source, offset)`, as the intrinsic, whatever a program made of `set`.
 export function copyInto(target: Uint8Array, source: Uint8Array, offset = 0): void {
   apply(typedArraySet, target, [source, offset]);

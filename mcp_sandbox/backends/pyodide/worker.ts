@@ -5,7 +5,7 @@
 import { loadPyodide, type PyodideInterface } from "pyodide";
 import { HOME, PYODIDE_OPTIONS } from "./options.ts";
 import { loadGuestModules } from "./modules.ts";
-import { asTheWorker, CleanState, guardRealm, hostSetTimeout, type RecycleOutcome, taint } from "./recycle.ts";
+import { asTheWorker, CleanState, decode, guardRealm, hostSetTimeout, type RecycleOutcome, taint } from "./recycle.ts";
 import { restoreCheckpoint, takeCheckpoint } from "./checkpoint.ts";
 import { fileOptions, type Hooked, hookInstance, Killed, type Snapshot, Unwinding } from "./instance.ts";
 import { PYODIDE_DIR, runPyodideScript } from "./script.ts";
@@ -170,12 +170,6 @@ function postRunnerMessage(id: number | null, message: RunnerMessage, exiting = 
   post(id, JSON.stringify(message), exiting);
 }
 
-// Taken before any program (a method replaced behind Deno's lazy TextDecoder getter, which the
-// recycle's walk does not follow, would read the next caller's tool replies).
-const decoder = new TextDecoder();
-const decodeText = TextDecoder.prototype.decode;
-const applyTo = Reflect.apply;
-
 // A blocking tool call: post it, then sleep in Atomics.wait until the main thread has the
 // reply in shared memory (see runner.ts and protocol.py).
 function blockOnToolCall(call: number, message: string): string {
@@ -197,7 +191,7 @@ function blockOnToolCall(call: number, message: string): string {
   // TextDecoder refuses views of shared memory, so the reply is copied out first.
   const bytes = new Uint8Array(length);
   bytes.set(new Uint8Array(state.syncData, 0, length));
-  return applyTo(decodeText, decoder, [bytes]);
+  return decode(bytes);
 }
 
 // The guest's waits (time.sleep and the rest, guest.install_waits): asleep in Atomics.wait, with no
